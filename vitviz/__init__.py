@@ -1,0 +1,1 @@
+"""vitviz: see inside vision transformers."""

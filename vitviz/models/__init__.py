@@ -1,0 +1,42 @@
+"""Our ViT and CvT, and the trace they return. Imports nothing from the rest of vitviz."""
+from torch import Tensor, nn
+
+from .cvt import CvT, CvTConfig, CvTStageConfig, convert_transformers_state_dict
+from .trace import BlockTrace, Embedding, Trace, Window
+from .vit import ViT, ViTConfig
+
+
+FAMILIES = {"vit": (ViT, ViTConfig), "cvt": (CvT, CvTConfig)}
+
+
+def build(family: str, config: dict) -> ViT | CvT:
+    """A fresh model of `family` ('vit' or 'cvt') from its config as a dict (config.json's form)."""
+    if family not in FAMILIES:
+        raise ValueError(f"unknown model family {family!r}: expected one of {sorted(FAMILIES)}")
+    model_cls, config_cls = FAMILIES[family]
+    return model_cls(config_cls(**config))
+
+
+def family_of(model: nn.Module) -> str:
+    return next(name for name, (model_cls, _) in FAMILIES.items() if isinstance(model, model_cls))
+
+
+def num_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def load_weights(model: nn.Module, state_dict: dict[str, Tensor]) -> None:
+    """Strict load that tolerates only BatchNorm's `num_batches_tracked` counters, and says what is off."""
+    try:
+        missing, unexpected = model.load_state_dict(state_dict, strict=False)
+    except RuntimeError as e:   # shape mismatches
+        raise ValueError(f"weights do not fit the model's configuration: {str(e).splitlines()[-1].strip()}") from None
+    missing = [k for k in missing if not k.endswith("num_batches_tracked")]
+    unexpected = [k for k in unexpected if not k.endswith("num_batches_tracked")]
+    if missing or unexpected:
+        raise ValueError(f"weights do not fit the model: missing {missing[:5]}{'...' * (len(missing) > 5)}, "
+                         f"unexpected {unexpected[:5]}{'...' * (len(unexpected) > 5)}")
+
+
+__all__ = ["BlockTrace", "CvT", "CvTConfig", "CvTStageConfig", "Embedding", "Trace", "ViT", "ViTConfig", "Window",
+           "build", "family_of", "num_params", "convert_transformers_state_dict", "load_weights"]

@@ -1,0 +1,282 @@
+"""Convolutional vision Transformer (Wu et al. 2021), as published by Microsoft on the Hub.
+
+Three stages, each a convolutional token embedding followed by pre-norm blocks whose q, k and v
+come from depthwise 3x3 conv + BatchNorm projections (keys and values at stride 2). The class
+token exists only where a stage asks for it (the last one) and skips the convolutions.
+`convert_transformers_state_dict` maps `CvtForImageClassification` weights onto these names.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import Tensor, nn
+
+from .trace import BlockTrace, Embedding, Trace, Window
+
+LN_EPS = 1e-5   # every CvT LayerNorm; transformers never reads config.layer_norm_eps
+
+
+@dataclass(frozen=True)
+class CvTStageConfig:
+    embed_dim: int
+    depth: int
+    num_heads: int
+    patch_size: int       # convolutional token embedding: kernel, stride, padding
+    patch_stride: int
+    patch_padding: int
+    mlp_ratio: float = 4.0
+    qkv_bias: bool = True
+    cls_token: bool = False
+    kernel_qkv: int = 3   # depthwise q/k/v convolutions; q at stride 1
+    padding_q: int = 1
+    stride_kv: int = 2
+    padding_kv: int = 1
+
+
+@dataclass(frozen=True)
+class CvTConfig:
+    stages: tuple[CvTStageConfig, ...] = field(default_factory=lambda: CVT_13)
+    in_chans: int = 3
+    num_classes: int = 1000
+    act: str = "gelu"     # 'gelu' (transformers, the Hub weights' reference) or 'quick_gelu' (Microsoft's code)
+
+    def __post_init__(self):
+        stages = tuple(s if isinstance(s, CvTStageConfig) else CvTStageConfig(**s) for s in self.stages)
+        object.__setattr__(self, "stages", stages)
+        if self.act not in ("gelu", "quick_gelu"):
+            raise ValueError(f"act must be 'gelu' or 'quick_gelu', not {self.act!r}")
+        for i, s in enumerate(stages):
+            if s.embed_dim % s.num_heads:
+                raise ValueError(f"stage {i}: embed_dim {s.embed_dim} is not divisible by num_heads {s.num_heads}")
+        if not stages[-1].cls_token:
+            raise ValueError("the last stage must have the class token (the classifier reads it)")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_transformers(cls, hf: dict) -> "CvTConfig":
+        """A transformers `CvtConfig` (config.json of microsoft/cvt-*) -> CvTConfig."""
+        n = len(hf["depth"])
+        if any(m != "dw_bn" for m in hf.get("qkv_projection_method", ["dw_bn"] * n)):
+            raise ValueError("only the 'dw_bn' q/k/v projection of the published CvTs is supported")
+        if any(s != 1 for s in hf.get("stride_q", [1] * n)):
+            raise ValueError("only stride_q = 1 is supported (the query grid is the token grid)")
+        stages = tuple(CvTStageConfig(
+            embed_dim=hf["embed_dim"][i], depth=hf["depth"][i], num_heads=hf["num_heads"][i],
+            patch_size=hf["patch_sizes"][i], patch_stride=hf["patch_stride"][i],
+            patch_padding=hf["patch_padding"][i], mlp_ratio=hf["mlp_ratio"][i], qkv_bias=hf["qkv_bias"][i],
+            cls_token=hf["cls_token"][i], kernel_qkv=hf["kernel_qkv"][i], padding_q=hf["padding_q"][i],
+            stride_kv=hf["stride_kv"][i], padding_kv=hf["padding_kv"][i]) for i in range(n))
+        num_classes = len(hf["id2label"]) if "id2label" in hf else hf.get("num_labels", 1000)
+        return cls(stages=stages, in_chans=hf.get("num_channels", 3), num_classes=num_classes)
+
+
+def _stages(embed_dims, heads, depths) -> tuple[CvTStageConfig, ...]:
+    embeds = ((7, 4, 2), (3, 2, 1), (3, 2, 1))
+    return tuple(CvTStageConfig(embed_dim=d, depth=n, num_heads=h, patch_size=k, patch_stride=s, patch_padding=p,
+                                cls_token=i == 2)
+                 for i, (d, h, n, (k, s, p)) in enumerate(zip(embed_dims, heads, depths, embeds)))
+
+
+CVT_13 = _stages((64, 192, 384), (1, 3, 6), (1, 2, 10))
+CVT_21 = _stages((64, 192, 384), (1, 3, 6), (1, 4, 16))
+CVT_W24 = _stages((192, 768, 1024), (3, 12, 16), (2, 2, 20))
+
+
+class QuickGELU(nn.Module):
+    def forward(self, x: Tensor) -> Tensor:
+        return x * torch.sigmoid(1.702 * x)
+
+
+class ConvEmbed(nn.Module):
+    def __init__(self, *, in_chans: int, dim: int, window: Window):
+        super().__init__()
+        self.window = window
+        self.proj = nn.Conv2d(in_chans, dim, kernel_size=window.kernel, stride=window.stride, padding=window.padding)
+        self.norm = nn.LayerNorm(dim, eps=LN_EPS)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.proj(x)
+        h, w = x.shape[2:]
+        x = self.norm(rearrange(x, 'b c h w -> b h w c'))
+        return rearrange(x, 'b h w c -> b c h w', h=h, w=w)
+
+
+class DepthwiseConvBN(nn.Module):
+    def __init__(self, *, dim: int, window: Window):
+        super().__init__()
+        self.conv = nn.Conv2d(dim, dim, kernel_size=window.kernel, stride=window.stride, padding=window.padding,
+                              groups=dim, bias=False)
+        self.bn = nn.BatchNorm2d(dim)
+
+    def forward(self, fmap: Tensor) -> Tensor:
+        return self.bn(self.conv(fmap))   # b c h w
+
+
+class ConvAttention(nn.Module):
+    def __init__(self, *, dim: int, heads: int, qkv_bias: bool, q_window: Window, kv_window: Window):
+        super().__init__()
+        self.heads = heads
+        self.scale = dim ** -0.5   # over the whole stage width, as in Microsoft's and transformers' code
+        self.kv_window = kv_window
+        self.conv_q = DepthwiseConvBN(dim=dim, window=q_window)
+        self.conv_k = DepthwiseConvBN(dim=dim, window=kv_window)
+        self.conv_v = DepthwiseConvBN(dim=dim, window=kv_window)
+        self.q = nn.Linear(dim, dim, bias=qkv_bias)
+        self.k = nn.Linear(dim, dim, bias=qkv_bias)
+        self.v = nn.Linear(dim, dim, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: Tensor, grid: tuple[int, int], prefix: int,
+                return_attn: bool = False) -> tuple[Tensor, Tensor | None, tuple[int, int]]:
+        cls, fmap = x[:, :prefix], rearrange(x[:, prefix:], 'b (h w) c -> b c h w', h=grid[0], w=grid[1])
+        k_map = self.conv_k(fmap)
+        key_grid = (k_map.shape[2], k_map.shape[3])
+
+        def tokens(m: Tensor) -> Tensor:   # the class token bypasses the convolutions
+            return torch.cat([cls, rearrange(m, 'b c h w -> b (h w) c')], dim=1)
+
+        q = rearrange(self.q(tokens(self.conv_q(fmap))), 'b n (h d) -> b h n d', h=self.heads)
+        k = rearrange(self.k(tokens(k_map)), 'b n (h d) -> b h n d', h=self.heads)
+        v = rearrange(self.v(tokens(self.conv_v(fmap))), 'b n (h d) -> b h n d', h=self.heads)
+        if return_attn:
+            attn = (q @ k.transpose(-2, -1) * self.scale).softmax(dim=-1)   # b h nq nk
+            out = attn @ v
+        else:
+            attn, out = None, F.scaled_dot_product_attention(q, k, v, scale=self.scale)
+        return self.proj(rearrange(out, 'b h n d -> b n (h d)')), attn, key_grid
+
+
+class Mlp(nn.Module):
+    def __init__(self, *, dim: int, hidden_dim: int, act: str):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden_dim)
+        self.act = nn.GELU() if act == "gelu" else QuickGELU()
+        self.fc2 = nn.Linear(hidden_dim, dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, *, stage: CvTStageConfig, act: str):
+        s = stage
+        super().__init__()
+        self.norm1 = nn.LayerNorm(s.embed_dim, eps=LN_EPS)
+        self.attn = ConvAttention(dim=s.embed_dim, heads=s.num_heads, qkv_bias=s.qkv_bias,
+                                  q_window=Window(s.kernel_qkv, 1, s.padding_q),
+                                  kv_window=Window(s.kernel_qkv, s.stride_kv, s.padding_kv))
+        self.norm2 = nn.LayerNorm(s.embed_dim, eps=LN_EPS)
+        self.mlp = Mlp(dim=s.embed_dim, hidden_dim=int(s.embed_dim * s.mlp_ratio), act=act)
+
+    def forward(self, x: Tensor, grid: tuple[int, int], prefix: int, return_attn: bool = False):
+        out, attn, key_grid = self.attn(self.norm1(x), grid, prefix, return_attn)
+        x = x + out
+        return x + self.mlp(self.norm2(x)), attn, key_grid
+
+
+class Stage(nn.Module):
+    def __init__(self, *, stage: CvTStageConfig, in_chans: int, act: str):
+        super().__init__()
+        s = stage
+        self.patch_embed = ConvEmbed(in_chans=in_chans, dim=s.embed_dim,
+                                     window=Window(s.patch_size, s.patch_stride, s.patch_padding))
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, s.embed_dim)) if s.cls_token else None
+        self.blocks = nn.ModuleList([Block(stage=s, act=act) for _ in range(s.depth)])
+
+    def forward(self, fmap: Tensor, trace: list[BlockTrace] | None = None, index: int = 0):
+        """b c h w -> (b c' h' w' feature map, b 1 c' class token or None); appends to `trace` if given."""
+        x = self.patch_embed(fmap)
+        grid = (x.shape[2], x.shape[3])
+        x = rearrange(x, 'b c h w -> b (h w) c')
+        prefix = 0
+        if self.cls_token is not None:
+            x, prefix = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1), 1
+        for block in self.blocks:
+            x, attn, key_grid = block(x, grid, prefix, return_attn=trace is not None)
+            if trace is not None:
+                trace.append(BlockTrace(attn=attn, tokens=x, stage=index, query_grid=grid, key_grid=key_grid,
+                                        key_window=block.attn.kv_window, prefix_kinds=("cls",) * prefix))
+        fmap = rearrange(x[:, prefix:], 'b (h w) c -> b c h w', h=grid[0], w=grid[1])
+        return fmap, (x[:, :1] if prefix else None)
+
+
+class CvT(nn.Module):
+    def __init__(self, config: CvTConfig):
+        super().__init__()
+        self.config = config
+        chans = (config.in_chans,) + tuple(s.embed_dim for s in config.stages)
+        self.stages = nn.ModuleList([Stage(stage=s, in_chans=chans[i], act=config.act)
+                                     for i, s in enumerate(config.stages)])
+        self.norm = nn.LayerNorm(chans[-1], eps=LN_EPS)
+        self.head = nn.Linear(chans[-1], config.num_classes)
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                nn.init.zeros_(m.bias) if m.bias is not None else None
+        for stage in self.stages:
+            if stage.cls_token is not None:
+                nn.init.trunc_normal_(stage.cls_token, std=0.02)
+
+    def forward(self, pixels: Tensor) -> Tensor:
+        x = pixels
+        for stage in self.stages:
+            x, cls = stage(x)
+        return self.head(self.norm(cls[:, 0]))
+
+    def trace(self, pixels: Tensor, *, grad: bool = False) -> Trace:
+        """One forward pass that returns every attention map, block output and stage feature map.
+
+        With grad=True the graph is kept, so `torch.autograd.grad(logit, trace.attentions)` works.
+        """
+        blocks, features, embeddings = [], [], []
+        with torch.set_grad_enabled(grad):
+            x = pixels.detach().requires_grad_(True) if grad else pixels
+            for i, stage in enumerate(self.stages):
+                in_grid = (x.shape[2], x.shape[3])
+                x, cls = stage(x, trace=blocks, index=i)
+                features.append(x)
+                embeddings.append(Embedding(stage.patch_embed.window, in_grid, (x.shape[2], x.shape[3])))
+            logits = self.head(self.norm(cls[:, 0]))
+        return Trace(logits=logits, blocks=blocks, embeddings=embeddings, features=features,
+                     input_size=(pixels.shape[2], pixels.shape[3]))
+
+
+# transformers' CvtForImageClassification names -> ours, applied in order
+_TRANSFORMERS_RENAMES = [
+    (r"^cvt\.encoder\.stages\.(\d+)\.embedding\.convolution_embeddings\.projection\.", r"stages.\1.patch_embed.proj."),
+    (r"^cvt\.encoder\.stages\.(\d+)\.embedding\.convolution_embeddings\.normalization\.", r"stages.\1.patch_embed.norm."),
+    (r"^cvt\.encoder\.stages\.(\d+)\.cls_token$", r"stages.\1.cls_token"),
+    (r"^cvt\.encoder\.stages\.(\d+)\.layers\.", r"stages.\1.blocks."),
+    (r"\.attention\.attention\.convolution_projection_(query|key|value)\.convolution_projection\.convolution\.",
+     r".attn.conv_\1.conv."),
+    (r"\.attention\.attention\.convolution_projection_(query|key|value)\.convolution_projection\.normalization\.",
+     r".attn.conv_\1.bn."),
+    (r"\.attention\.attention\.projection_(query|key|value)\.", r".attn.\1."),
+    (r"\.attention\.output\.dense\.", r".attn.proj."),
+    (r"\.intermediate\.dense\.", r".mlp.fc1."),
+    (r"\.output\.dense\.", r".mlp.fc2."),
+    (r"\.layernorm_before\.", r".norm1."),
+    (r"\.layernorm_after\.", r".norm2."),
+    (r"conv_query\.", r"conv_q."), (r"conv_key\.", r"conv_k."), (r"conv_value\.", r"conv_v."),
+    (r"attn\.query\.", r"attn.q."), (r"attn\.key\.", r"attn.k."), (r"attn\.value\.", r"attn.v."),
+    (r"^layernorm\.", r"norm."),
+    (r"^classifier\.", r"head."),
+]
+
+
+def convert_transformers_state_dict(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
+    """`CvtForImageClassification.state_dict()` -> a `CvT` state dict (BatchNorm's counters dropped)."""
+    out = {}
+    for key, value in state_dict.items():
+        if key.endswith("num_batches_tracked"):
+            continue
+        for pattern, repl in _TRANSFORMERS_RENAMES:
+            key = re.sub(pattern, repl, key)
+        out[key] = value
+    return out

@@ -1,0 +1,216 @@
+"""Vision Transformer (Dosovitskiy et al. 2020), with DeiT distillation and register tokens.
+
+Parameter names are timm's (`patch_embed.proj`, `blocks.i.attn.qkv`, `norm`, `head`, ...), so a
+timm `VisionTransformer` / `VisionTransformerDistilled` state dict loads 1:1.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import Tensor, nn
+
+from .trace import BlockTrace, Embedding, Trace, Window
+
+LN_EPS = 1e-6
+
+
+@dataclass(frozen=True)
+class ViTConfig:
+    img_size: tuple[int, int] = (224, 224)   # the size pos_embed was trained for
+    patch_size: int = 16
+    in_chans: int = 3
+    num_classes: int = 1000
+    embed_dim: int = 768
+    depth: int = 12
+    num_heads: int = 12
+    mlp_ratio: float = 4.0
+    qkv_bias: bool = True
+    class_token: bool = True
+    dist_token: bool = False       # DeiT distillation token + head_dist
+    reg_tokens: int = 0            # "Vision Transformers Need Registers"
+    no_embed_class: bool = False   # pos_embed covers the patches only, added before the prefix
+    global_pool: str = "token"     # 'token' (class token) or 'avg' (mean of the patch tokens)
+    fc_norm: bool | None = None    # None: timm's rule, final norm after pooling iff global_pool == 'avg'
+    init_values: float | None = None  # LayerScale
+
+    def __post_init__(self):
+        object.__setattr__(self, "img_size", tuple(self.img_size))
+        if self.global_pool not in ("token", "avg"):
+            raise ValueError(f"global_pool must be 'token' or 'avg', not {self.global_pool!r}")
+        if self.global_pool == "token" and not self.class_token:
+            raise ValueError("global_pool='token' needs a class token")
+        if self.embed_dim % self.num_heads:
+            raise ValueError(f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}")
+
+    @property
+    def use_fc_norm(self) -> bool:
+        return self.global_pool == "avg" if self.fc_norm is None else self.fc_norm
+
+    @property
+    def prefix_kinds(self) -> tuple[str, ...]:
+        # timm's order: [cls, dist] for DeiT, [cls, reg...] for register models
+        return ("cls",) * self.class_token + ("dist",) * self.dist_token + ("reg",) * self.reg_tokens
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def resample_pos_embed(pos_embed: Tensor, new_grid: tuple[int, int], old_grid: tuple[int, int],
+                       num_prefix: int) -> Tensor:
+    """timm's `resample_abs_pos_embed`: bicubic (antialiased) on the grid part, prefix slots kept."""
+    if tuple(new_grid) == tuple(old_grid):
+        return pos_embed
+    prefix, grid = pos_embed[:, :num_prefix], pos_embed[:, num_prefix:]
+    grid = rearrange(grid.float(), '1 (h w) c -> 1 c h w', h=old_grid[0], w=old_grid[1])
+    grid = F.interpolate(grid, size=new_grid, mode="bicubic", antialias=True)
+    grid = rearrange(grid, '1 c h w -> 1 (h w) c').to(pos_embed.dtype)
+    return torch.cat([prefix, grid], dim=1)
+
+
+class Attention(nn.Module):
+    def __init__(self, *, dim: int, heads: int, qkv_bias: bool):
+        super().__init__()
+        self.heads = heads
+        self.scale = (dim // heads) ** -0.5
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: Tensor, return_attn: bool = False) -> tuple[Tensor, Tensor | None]:
+        q, k, v = rearrange(self.qkv(x), 'b n (three h d) -> three b h n d', three=3, h=self.heads)
+        if return_attn:
+            attn = (q * self.scale @ k.transpose(-2, -1)).softmax(dim=-1)   # b h n n
+            out = attn @ v
+        else:
+            attn, out = None, F.scaled_dot_product_attention(q, k, v)
+        return self.proj(rearrange(out, 'b h n d -> b n (h d)')), attn
+
+
+class LayerScale(nn.Module):
+    def __init__(self, *, dim: int, init_values: float):
+        super().__init__()
+        self.gamma = nn.Parameter(init_values * torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * self.gamma
+
+
+class Mlp(nn.Module):
+    def __init__(self, *, dim: int, hidden_dim: int):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden_dim)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(hidden_dim, dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, *, dim: int, heads: int, mlp_ratio: float, qkv_bias: bool, init_values: float | None):
+        super().__init__()
+        scale = (lambda: LayerScale(dim=dim, init_values=init_values)) if init_values else nn.Identity
+        self.norm1 = nn.LayerNorm(dim, eps=LN_EPS)
+        self.attn = Attention(dim=dim, heads=heads, qkv_bias=qkv_bias)
+        self.ls1 = scale()
+        self.norm2 = nn.LayerNorm(dim, eps=LN_EPS)
+        self.mlp = Mlp(dim=dim, hidden_dim=int(dim * mlp_ratio))
+        self.ls2 = scale()
+
+    def forward(self, x: Tensor, return_attn: bool = False) -> tuple[Tensor, Tensor | None]:
+        out, attn = self.attn(self.norm1(x), return_attn)
+        x = x + self.ls1(out)
+        return x + self.ls2(self.mlp(self.norm2(x))), attn
+
+
+class PatchEmbed(nn.Module):
+    def __init__(self, *, patch_size: int, in_chans: int, dim: int):
+        super().__init__()
+        self.proj = nn.Conv2d(in_chans, dim, kernel_size=patch_size, stride=patch_size)
+
+    def forward(self, pixels: Tensor) -> Tensor:
+        return self.proj(pixels)   # b c h w
+
+
+class ViT(nn.Module):
+    def __init__(self, config: ViTConfig):
+        super().__init__()
+        c = self.config = config
+        self.num_prefix = len(c.prefix_kinds)
+        self.grid = (c.img_size[0] // c.patch_size, c.img_size[1] // c.patch_size)
+        self.patch_embed = PatchEmbed(patch_size=c.patch_size, in_chans=c.in_chans, dim=c.embed_dim)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, c.embed_dim)) if c.class_token else None
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, c.embed_dim)) if c.dist_token else None
+        self.reg_token = nn.Parameter(torch.zeros(1, c.reg_tokens, c.embed_dim)) if c.reg_tokens else None
+        pos_slots = self.grid[0] * self.grid[1] + (0 if c.no_embed_class else self.num_prefix)
+        self.pos_embed = nn.Parameter(torch.randn(1, pos_slots, c.embed_dim) * 0.02)
+        self.blocks = nn.ModuleList([
+            Block(dim=c.embed_dim, heads=c.num_heads, mlp_ratio=c.mlp_ratio, qkv_bias=c.qkv_bias,
+                  init_values=c.init_values)
+            for _ in range(c.depth)])
+        self.norm = nn.Identity() if c.use_fc_norm else nn.LayerNorm(c.embed_dim, eps=LN_EPS)
+        self.fc_norm = nn.LayerNorm(c.embed_dim, eps=LN_EPS) if c.use_fc_norm else nn.Identity()
+        self.head = nn.Linear(c.embed_dim, c.num_classes)
+        self.head_dist = nn.Linear(c.embed_dim, c.num_classes) if c.dist_token else None
+        self._init_weights()
+
+    def _init_weights(self):
+        for token in (self.cls_token, self.dist_token, self.reg_token):
+            if token is not None:
+                nn.init.normal_(token, std=1e-6 if token is self.cls_token else 0.02)
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                nn.init.zeros_(m.bias) if m.bias is not None else None
+
+    def embed(self, pixels: Tensor) -> tuple[Tensor, tuple[int, int]]:
+        """pixels -> tokens [prefix..., patches] with positions, and the patch grid."""
+        x = self.patch_embed(pixels)
+        grid = (x.shape[2], x.shape[3])
+        x = rearrange(x, 'b c h w -> b (h w) c')
+        prefix = [t.expand(x.shape[0], -1, -1) for t in (self.cls_token, self.dist_token, self.reg_token)
+                  if t is not None]
+        no_embed_class = self.config.no_embed_class
+        pos = resample_pos_embed(self.pos_embed, grid, self.grid, 0 if no_embed_class else self.num_prefix)
+        if no_embed_class:
+            return torch.cat(prefix + [x + pos], dim=1), grid
+        return torch.cat(prefix + [x], dim=1) + pos, grid
+
+    def head_logits(self, x: Tensor) -> Tensor:
+        """Final-norm'd tokens -> logits (DeiT: the mean of the class and distillation heads)."""
+        if self.config.global_pool == "avg":
+            return self.head(self.fc_norm(x[:, self.num_prefix:].mean(dim=1)))
+        logits = self.head(self.fc_norm(x[:, 0]))
+        if self.head_dist is not None:
+            logits = (logits + self.head_dist(x[:, 1])) / 2
+        return logits
+
+    def forward(self, pixels: Tensor) -> Tensor:
+        x, _ = self.embed(pixels)
+        for block in self.blocks:
+            x, _ = block(x)
+        return self.head_logits(self.norm(x))
+
+    def trace(self, pixels: Tensor, *, grad: bool = False) -> Trace:
+        """One forward pass that returns every attention map and block output.
+
+        With grad=True the graph is kept, so `torch.autograd.grad(logit, trace.attentions)` works.
+        """
+        with torch.set_grad_enabled(grad):
+            if grad:
+                pixels = pixels.detach().requires_grad_(True)
+            x, grid = self.embed(pixels)
+            blocks = []
+            for block in self.blocks:
+                x, attn = block(x, return_attn=True)
+                blocks.append(BlockTrace(attn=attn, tokens=x, stage=0, query_grid=grid, key_grid=grid,
+                                         key_window=Window(1, 1, 0), prefix_kinds=self.config.prefix_kinds))
+            logits = self.head_logits(self.norm(x))
+        p = self.config.patch_size
+        features = rearrange(x[:, self.num_prefix:], 'b (h w) c -> b c h w', h=grid[0], w=grid[1])
+        in_grid = (pixels.shape[2], pixels.shape[3])
+        return Trace(logits=logits, blocks=blocks, embeddings=[Embedding(Window(p, p, 0), in_grid, grid)],
+                     features=[features], input_size=in_grid)
+
