@@ -3,9 +3,13 @@
 One `Transform` describes both timm's eval pipeline (resize the shorter side to
 floor(size / crop_pct), bicubic, centre crop) and the CvT image processor (shorter side to 256 then
 crop 224; a plain resize to 384x384 at 384), so every view can invert exactly what the model saw.
+`Transform.from_timm` and `Transform.from_cvt_processor` read those from the checkpoint's own
+config; both resize with PIL, as timm's `create_transform` and transformers' PIL image processor do,
+so the pixels are the same (the tests compare them).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -15,7 +19,12 @@ from torch import Tensor
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+HF_STANDARD_MEAN = HF_STANDARD_STD = (0.5, 0.5, 0.5)   # transformers' IMAGENET_STANDARD_*: its processors' default
 _RESAMPLE = {"bicubic": Image.BICUBIC, "bilinear": Image.BILINEAR, "nearest": Image.NEAREST}
+_PIL_CODES = {int(code): name for name, code in _RESAMPLE.items()}   # transformers stores PIL's numbers
+_CROP_ROUNDING = ("round", "floor")
+TIMM_DEFAULT_CROP_PCT = 0.875                 # timm.data.DEFAULT_CROP_PCT, used when a pretrained_cfg has none
+CVT_PLAIN_RESIZE_FROM = 384                   # the ConvNeXt/CvT processor stops cropping at this size
 
 
 @dataclass(frozen=True)
@@ -25,6 +34,9 @@ class Transform:
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
     interpolation: str = "bicubic"
+    # where an odd crop margin puts the extra pixel: 'round' is torchvision's CenterCrop (timm),
+    # round-half-to-even; 'floor' is transformers' image processors
+    crop_rounding: str = "round"
 
     def __post_init__(self):
         object.__setattr__(self, "crop", tuple(self.crop))
@@ -33,6 +45,56 @@ class Transform:
         object.__setattr__(self, "std", tuple(self.std))
         if self.interpolation not in _RESAMPLE:
             raise ValueError(f"interpolation must be one of {sorted(_RESAMPLE)}, not {self.interpolation!r}")
+        if self.crop_rounding not in _CROP_ROUNDING:
+            raise ValueError(f"crop_rounding must be one of {_CROP_ROUNDING}, not {self.crop_rounding!r}")
+        rh, rw = (self.resize, self.resize) if isinstance(self.resize, int) else self.resize
+        if min(self.crop) < 1 or rh < self.crop[0] or rw < self.crop[1]:
+            raise ValueError(f"the resize {self.resize} must leave at least the crop {self.crop}")
+
+    @classmethod
+    def from_timm(cls, pretrained_cfg: dict) -> "Transform":
+        """timm's eval transform for a `pretrained_cfg`, as `resolve_data_config` + `create_transform` build it.
+
+        Only what the ViTs on the Hub use: a square input and crop_mode 'center'.
+        """
+        _, h, w = pretrained_cfg.get("input_size") or (3, 224, 224)
+        crop_mode = pretrained_cfg.get("crop_mode") or "center"
+        if h != w or crop_mode != "center":
+            raise ValueError(f"only square inputs with crop_mode 'center' are supported, not input_size "
+                             f"{h}x{w} with crop_mode {crop_mode!r}")
+        crop_pct = pretrained_cfg.get("crop_pct") or TIMM_DEFAULT_CROP_PCT
+        return cls(crop=(h, w), resize=math.floor(h / crop_pct), mean=pretrained_cfg.get("mean") or IMAGENET_MEAN,
+                   std=pretrained_cfg.get("std") or IMAGENET_STD,
+                   interpolation=pretrained_cfg.get("interpolation") or "bicubic")
+
+    @classmethod
+    def from_cvt_processor(cls, config: dict) -> "Transform":
+        """The transform of a transformers `ConvNextImageProcessor` config (`preprocessor_config.json` of a CvT).
+
+        Below 384 px the shorter side goes to int(size / crop_pct), then a centre crop of size x size;
+        at 384 and above the image is resized to size x size, no crop. Keys a config leaves out take
+        the processor's own defaults, as transformers does.
+        """
+        kind = config.get("image_processor_type") or config.get("feature_extractor_type") or "ConvNextImageProcessor"
+        if not kind.startswith("ConvNext"):
+            raise ValueError(f"a CvT processor is a ConvNextImageProcessor, not {kind}")
+        unsupported = [key for key, value in (("do_resize", True), ("do_rescale", True), ("do_normalize", True),
+                                              ("do_center_crop", False)) if config.get(key, value) != value]
+        if not math.isclose(config.get("rescale_factor", 1 / 255), 1 / 255):
+            unsupported.append("rescale_factor")
+        if unsupported:
+            raise ValueError(f"unsupported ConvNextImageProcessor settings: {', '.join(unsupported)}")
+        size = config.get("size", {"shortest_edge": CVT_PLAIN_RESIZE_FROM})
+        edge = size if isinstance(size, int) else size.get("shortest_edge")
+        resample = config.get("resample", int(Image.BICUBIC))
+        if not isinstance(edge, int) or resample not in _PIL_CODES:
+            raise ValueError(f"unsupported ConvNextImageProcessor size {size!r} or resample {resample!r}")
+        common = dict(crop=(edge, edge), mean=config.get("image_mean") or HF_STANDARD_MEAN,
+                      std=config.get("image_std") or HF_STANDARD_STD, interpolation=_PIL_CODES[resample],
+                      crop_rounding="floor")
+        if edge >= CVT_PLAIN_RESIZE_FROM:
+            return cls(resize=(edge, edge), **common)
+        return cls(resize=int(edge / (config.get("crop_pct") or 224 / 256)), **common)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -50,6 +112,8 @@ class Transform:
         """(top, left, h, w) of the centre crop inside the resized image."""
         rh, rw = self.resized_size(size)
         ch, cw = self.crop
+        if self.crop_rounding == "floor":
+            return (rh - ch) // 2, (rw - cw) // 2, ch, cw
         return int(round((rh - ch) / 2.0)), int(round((rw - cw) / 2.0)), ch, cw
 
     def normalize(self, rgb: Tensor) -> Tensor:

@@ -1,0 +1,456 @@
+"""vitviz against its peers on the same weights, in one run, as ratios (they survive a noisy machine).
+
+    .venv/bin/python benchmarks/bench.py                     # everything (CPU: about 6 minutes)
+    .venv/bin/python benchmarks/bench.py --only forward cvt  # some items
+    .venv/bin/python benchmarks/bench.py --quick             # tiny models, few repeats (the smoke test)
+
+Items (issue 8): forward (1), cvt (2), traced (3), pipeline (4), request (5), rerender (6),
+coldstart (7), memory (8), peak (9). Every time is min / median / max over `--repeats` rounds after
+warm-up; in each round the contenders run once each, in rotating order, so a slow spell of the
+machine hits all of them. Ratios are of medians. Contenders are checked to compute the same logits
+before they are timed. Checkpoints are random weights in the real Hub layouts (timm's `config.json`
++ `model.safetensors`, transformers' `save_pretrained`), written to a temporary folder and loaded
+through `vitviz.load`, as the app loads them; no network is used.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]   # app.py and tests/app_server.py
+
+import vitviz  # noqa: E402
+from vitviz import catalog, explain, render  # noqa: E402
+from vitviz.bundle import save_bundle  # noqa: E402
+from vitviz.image import read_image  # noqa: E402
+from vitviz.session import ModelRun, decode_side  # noqa: E402
+
+ITEMS = ("forward", "cvt", "traced", "pipeline", "request", "rerender", "coldstart", "memory", "peak")
+TARGETS = {"forward": 1.00, "cvt": 1.00, "traced": 1.30, "pipeline": 0.80, "request": 1.50, "rerender": 0.10}
+VIT_SHAPES = ("vit_small_patch16_224", "vit_base_patch16_224")
+TINY_VIT = dict(depth=2, embed_dim=32, num_heads=2)                               # --quick
+TINY_CVT = dict(embed_dim=[16, 24, 32], depth=[1, 1, 1], num_heads=[1, 1, 2])     # --quick
+CVT_13_PROCESSOR = {   # microsoft/cvt-13's preprocessor_config.json
+    "crop_pct": 0.875, "do_normalize": True, "do_resize": True, "feature_extractor_type": "ConvNextFeatureExtractor",
+    "image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225], "resample": 3, "size": 224}
+PHOTO = ROOT / "assets" / "cat_chelsea.jpg"
+APP_REQUESTS = 20
+
+
+# ---- timing -------------------------------------------------------------------------------------------
+
+@dataclass
+class Timing:
+    seconds: list[float]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.seconds)
+
+    def __str__(self) -> str:
+        return " / ".join(_ms(t) for t in (min(self.seconds), self.median, max(self.seconds))) + " ms"
+
+
+def _ms(seconds: float) -> str:
+    ms = seconds * 1e3
+    return f"{ms:.1f}" if ms < 1000 else f"{ms:.0f}"
+
+
+def timed(contenders: dict[str, Callable[[], object]], *, repeats: int, warmup: int = 1) -> dict[str, Timing]:
+    """Each contender `warmup` times, then `repeats` interleaved rounds in rotating order."""
+    names = list(contenders)
+    for _ in range(warmup):
+        for name in names:
+            contenders[name]()
+    seconds = {name: [] for name in names}
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            start = time.perf_counter()
+            contenders[name]()
+            seconds[name].append(time.perf_counter() - start)
+    return {name: Timing(s) for name, s in seconds.items()}
+
+
+def verdict(item: str, ratio: float) -> str:
+    target = TARGETS[item]
+    return f"ratio {ratio:.2f} (target <= {target:.2f}) {'OK' if ratio <= target else 'MISSED'}"
+
+
+def report(line: str) -> None:
+    print(line, flush=True)
+
+
+def same_logits(ours: torch.Tensor, theirs: torch.Tensor, what: str) -> None:
+    """Refuse to time two models that do not compute the same function."""
+    error = (ours.float() - theirs.float()).abs().max().item()
+    scale = theirs.float().abs().max().item()
+    if not error <= 1e-3 * max(1.0, scale):
+        raise SystemExit(f"{what}: the two models disagree (max logit difference {error:.3g}): not timed")
+
+
+# ---- the checkpoints ------------------------------------------------------------------------------------
+
+@dataclass
+class Bench:
+    quick: bool
+    repeats: int
+    tmp: Path
+    results: dict = field(default_factory=dict)
+
+    def folder(self, name: str) -> Path:
+        path = self.tmp / name
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def timm_vit(self, shape: str):
+        """(timm model, vitviz LoadedModel) with the same random weights, through timm's Hub layout."""
+        import timm
+        from timm.models import save_for_hf
+
+        torch.manual_seed(0)
+        reference = timm.create_model(shape, pretrained=False, **(TINY_VIT if self.quick else {})).eval()
+        folder = self.folder(shape)
+        if not (folder / "model.safetensors").is_file():
+            save_for_hf(reference, str(folder), safe_serialization=True)
+        return reference, vitviz.load(str(folder), device="cpu")
+
+    @cached_property
+    def vit_base(self):
+        return self.timm_vit("vit_base_patch16_224")
+
+    @cached_property
+    def cvt_13(self):
+        """(transformers CvtForImageClassification, vitviz LoadedModel): CvT-13 in microsoft/cvt-13's layout."""
+        from transformers import CvtConfig, CvtForImageClassification
+
+        torch.manual_seed(0)
+        config = CvtConfig(**(TINY_CVT if self.quick else {}))
+        reference = CvtForImageClassification(config).eval()
+        with torch.no_grad():   # BatchNorm statistics a trained model would have, not 0 and 1
+            for name, buffer in reference.named_buffers():
+                if name.endswith(("running_mean", "running_var")):
+                    buffer.copy_(torch.rand_like(buffer) * 0.5 + (0.75 if name.endswith("var") else -0.25))
+        folder = self.folder("cvt-13")
+        reference.save_pretrained(folder)
+        (folder / "preprocessor_config.json").write_text(json.dumps(CVT_13_PROCESSOR, indent=2))
+        return reference, vitviz.load(str(folder), device="cpu")
+
+    @cached_property
+    def bundled_pair(self) -> tuple[str, str, str]:
+        """(vit, cvt, what they are): the bundled CIFAR-10 checkpoints when trained, else random-weight
+        stand-ins of the same architectures (same cost per forward) written as bundles."""
+        from vitviz.train import ARCHITECTURES, CIFAR_MEAN, CIFAR_STD
+
+        names = catalog.BUNDLED_PAIR
+        if not self.quick and all((catalog.CATALOG[n].path / "config.json").is_file() for n in names):
+            return (*names, "bundled pair")
+        paths = []
+        for name, arch in zip(names, ("vit-micro", "cvt-micro") if self.quick else ("vit-cifar", "cvt-cifar")):
+            config = ARCHITECTURES[arch]
+            torch.manual_seed(0)
+            model = vitviz.models.FAMILIES["vit" if isinstance(config, vitviz.ViTConfig) else "cvt"][0](config)
+            transform = vitviz.Transform(crop=(32, 32), resize=32, mean=CIFAR_MEAN, std=CIFAR_STD)
+            path = self.folder(f"stand-in-{name}")
+            save_bundle(path, model.eval(), transform=transform, labels=[f"class {i}" for i in range(10)])
+            paths.append(str(path))
+        return (*paths, f"stand-ins for the bundled pair ({'micro' if self.quick else 'same architectures'}, "
+                        "random weights: checkpoints/ not trained yet)")
+
+    @cached_property
+    def imagenet_pair(self) -> tuple[str, str]:
+        return str(self.vit_base[1].source.location), str(self.cvt_13[1].source.location)
+
+    @cached_property
+    def jpeg(self) -> Path:
+        """A 12-megapixel phone-like JPEG (a real photo upscaled, with sensor noise); 1 MP with --quick."""
+        size = (1200, 900) if self.quick else (4000, 3000)
+        photo = Image.open(PHOTO).convert("RGB").resize(size, Image.BICUBIC)
+        noisy = np.asarray(photo, np.float32) + np.random.default_rng(0).normal(0, 4, (size[1], size[0], 3))
+        path = self.tmp / f"photo-{size[0]}x{size[1]}.jpg"
+        Image.fromarray(noisy.clip(0, 255).astype(np.uint8)).save(path, quality=92)
+        return path
+
+    @cached_property
+    def app(self):
+        import app
+        app.LOCAL_ALLOWED.update(self.imagenet_pair)
+        app.LOCAL_ALLOWED.update(self.bundled_pair[:2])
+        return app
+
+
+# ---- 1 and 3: ViT forward, plain and traced, against timm --------------------------------------------------
+
+def vit_forward(bench: Bench, items: set[str]) -> None:
+    for shape in VIT_SHAPES:
+        reference, loaded = bench.vit_base if shape == "vit_base_patch16_224" else bench.timm_vit(shape)
+        for batch in (1, 8):
+            pixels = torch.randn(batch, 3, 224, 224)
+            with torch.inference_mode():
+                same_logits(loaded.model(pixels), reference(pixels), shape)
+                t = timed({"vitviz": lambda: loaded.model(pixels), "traced": lambda: loaded.model.trace(pixels),
+                           "timm": lambda: reference(pixels)}, repeats=bench.repeats)
+            bench.results[("forward", shape, batch)] = t["vitviz"].median
+            if "forward" in items:
+                report(f"vit forward b{batch} {shape}: vitviz {t['vitviz']}, timm {t['timm']}, "
+                       + verdict("forward", t["vitviz"].median / t["timm"].median))
+            if "traced" in items:
+                report(f"vit traced b{batch} {shape}: vitviz trace {t['traced']}, timm plain {t['timm']}, "
+                       + verdict("traced", t["traced"].median / t["timm"].median))
+
+
+# ---- 2: CvT against transformers ---------------------------------------------------------------------
+
+def cvt_forward(bench: Bench, items: set[str]) -> None:
+    reference, loaded = bench.cvt_13
+    for batch in (1, 8):
+        pixels = torch.randn(batch, 3, 224, 224)
+        with torch.inference_mode():
+            same_logits(loaded.model(pixels), reference(pixel_values=pixels).logits, "CvT-13")
+            t = timed({"vitviz": lambda: loaded.model(pixels),
+                       "transformers": lambda: reference(pixel_values=pixels).logits}, repeats=bench.repeats)
+        report(f"cvt forward b{batch} CvT-13: vitviz {t['vitviz']}, transformers {t['transformers']}, "
+               + verdict("cvt", t["vitviz"].median / t["transformers"].median))
+
+
+# ---- 4: the explain pipeline a user would otherwise write ---------------------------------------------
+
+def hf_vit_from_timm(reference, loaded):
+    """transformers' ViTForImageClassification (eager attention) with the timm model's weights."""
+    from transformers import ViTConfig, ViTForImageClassification
+
+    c = loaded.model.config
+    config = ViTConfig(hidden_size=c.embed_dim, num_hidden_layers=c.depth, num_attention_heads=c.num_heads,
+                       intermediate_size=int(c.embed_dim * c.mlp_ratio), image_size=c.img_size[0],
+                       patch_size=c.patch_size, num_labels=c.num_classes, layer_norm_eps=1e-6,
+                       attn_implementation="eager")
+    model = ViTForImageClassification(config).eval()
+    timm_sd = reference.state_dict()
+    state = {"vit.embeddings.cls_token": timm_sd["cls_token"],
+             "vit.embeddings.position_embeddings": timm_sd["pos_embed"],
+             "vit.layernorm.weight": timm_sd["norm.weight"], "vit.layernorm.bias": timm_sd["norm.bias"],
+             "classifier.weight": timm_sd["head.weight"], "classifier.bias": timm_sd["head.bias"]}
+    for kind in ("weight", "bias"):
+        state[f"vit.embeddings.patch_embeddings.projection.{kind}"] = timm_sd[f"patch_embed.proj.{kind}"]
+        for i in range(c.depth):
+            ours, theirs = f"vit.layers.{i}.", f"blocks.{i}."
+            q, k, v = timm_sd[f"{theirs}attn.qkv.{kind}"].chunk(3)
+            state.update({f"{ours}attention.q_proj.{kind}": q, f"{ours}attention.k_proj.{kind}": k,
+                          f"{ours}attention.v_proj.{kind}": v,
+                          f"{ours}attention.o_proj.{kind}": timm_sd[f"{theirs}attn.proj.{kind}"],
+                          f"{ours}layernorm_before.{kind}": timm_sd[f"{theirs}norm1.{kind}"],
+                          f"{ours}layernorm_after.{kind}": timm_sd[f"{theirs}norm2.{kind}"],
+                          f"{ours}mlp.fc1.{kind}": timm_sd[f"{theirs}mlp.fc1.{kind}"],
+                          f"{ours}mlp.fc2.{kind}": timm_sd[f"{theirs}mlp.fc2.{kind}"]})
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise SystemExit(f"this transformers version names ViT weights differently: missing {missing[:3]}, "
+                         f"unexpected {unexpected[:3]}")
+    return model
+
+
+def jacobgil_rollout(attentions, discard_ratio: float, head_fusion: str) -> np.ndarray:
+    """jacobgil/vit-explain's `rollout` (vit_rollout.py), as published, quirks included."""
+    result = torch.eye(attentions[0].size(-1))
+    with torch.no_grad():
+        for attention in attentions:
+            if head_fusion == "mean":
+                fused = attention.mean(axis=1)
+            elif head_fusion == "max":
+                fused = attention.max(axis=1)[0]
+            else:
+                fused = attention.min(axis=1)[0]
+            flat = fused.view(fused.size(0), -1)
+            _, indices = flat.topk(int(flat.size(-1) * discard_ratio), -1, False)
+            indices = indices[indices != 0]
+            flat[0, indices] = 0
+            eye = torch.eye(fused.size(-1))
+            a = (fused + 1.0 * eye) / 2
+            a = a / a.sum(dim=-1)
+            result = torch.matmul(a, result)
+    mask = result[0, 0, 1:]
+    width = int(mask.size(-1) ** 0.5)
+    mask = mask.reshape(width, width).numpy()
+    return mask / np.max(mask)
+
+
+def show_mask_on_image(img: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """jacobgil/vit-explain's OpenCV overlay (vit_explain.py)."""
+    import cv2
+    heatmap = np.float32(cv2.applyColorMap(np.uint8(255 * mask), cv2.COLORMAP_JET)) / 255
+    cam = heatmap + np.float32(img) / 255
+    return np.uint8(255 * cam / np.max(cam))
+
+
+def pipeline(bench: Bench, items: set[str]) -> None:
+    import cv2
+
+    reference, loaded = bench.vit_base
+    hf = hf_vit_from_timm(reference, loaded)
+    mean, std = torch.tensor(loaded.transform.mean).view(3, 1, 1), torch.tensor(loaded.transform.std).view(3, 1, 1)
+    params = dict(head_fusion="mean", discard_ratio=0.9)   # VITAttentionRollout's defaults
+
+    def theirs():
+        # vit_explain.py's steps: read, resize to 224, normalise, forward with attentions, rollout, overlay
+        img = Image.open(PHOTO).convert("RGB")
+        small = img.resize((224, 224))
+        pixels = ((torch.from_numpy(np.asarray(small, np.float32) / 255).permute(2, 0, 1) - mean) / std)[None]
+        with torch.inference_mode():
+            attentions = hf(pixel_values=pixels, output_attentions=True).attentions
+        mask = jacobgil_rollout(list(attentions), params["discard_ratio"], params["head_fusion"])
+        bgr = np.asarray(img)[:, :, ::-1]
+        return show_mask_on_image(bgr, cv2.resize(mask, (bgr.shape[1], bgr.shape[0])))
+
+    def ours():
+        run = ModelRun(loaded, read_image(PHOTO, target_size=decode_side([loaded])))
+        return run.map_view("rollout", **params)
+
+    pixels = loaded.preprocess(Image.open(PHOTO).convert("RGB"))
+    with torch.inference_mode():
+        same_logits(loaded.model(pixels), hf(pixel_values=pixels).logits, "ViT-B/16 vs transformers")
+    t = timed({"vitviz": ours, "theirs": theirs}, repeats=bench.repeats)
+    size = "x".join(map(str, Image.open(PHOTO).size))
+    report(f"explain pipeline ViT-B/16 on one {size} photo: vitviz (read, trace, rollout, overlay) {t['vitviz']}, "
+           f"transformers eager + vit-explain rollout + OpenCV overlay {t['theirs']}, "
+           + verdict("pipeline", t["vitviz"].median / t["theirs"].median))
+
+
+# ---- 5 and 6: the app's model request, and a re-render ------------------------------------------------
+
+def request(bench: Bench, items: set[str]) -> None:
+    app = bench.app
+    photo = {"path": str(bench.jpeg)}
+    megapixels = Image.open(bench.jpeg).width * Image.open(bench.jpeg).height / 1e6
+    for what, (a, b) in (("ImageNet pair (ViT-B/16 + CvT-13)", bench.imagenet_pair),
+                         (bench.bundled_pair[2], bench.bundled_pair[:2])):
+        models = [app.load_model(name) for name in (a, b)]
+        inputs = [m.preprocess(Image.open(PHOTO).convert("RGB")) for m in models]
+        keys = []
+
+        def click():
+            keys.append(app.explain(photo, a, b)[0])
+
+        with torch.inference_mode():
+            t = timed({"request": click, "a": lambda: models[0].model(inputs[0]),
+                       "b": lambda: models[1].model(inputs[1])}, repeats=bench.repeats)
+        forwards = t["a"].median + t["b"].median
+        if "request" in items:
+            report(f"app request {megapixels:.0f} MP JPEG, {what}: request {t['request']}, plain forwards "
+                   f"{_ms(t['a'].median)} + {_ms(t['b'].median)} ms, " + verdict("request", t["request"].median / forwards))
+        if "rerender" in items:
+            key = keys[-1]
+            r = timed({"layers": lambda: app.render_layers(key, 3, 2, 2, 0, None, "row"),
+                       "maps": lambda: app.render_maps(key, "viridis", "nearest", "heatmap", True)},
+                      repeats=bench.repeats)
+            for name, action in (("layers", "layer/head slider"), ("maps", "colour map")):
+                report(f"app re-render ({action}), {what}: {r[name]} vs request {_ms(t['request'].median)} ms, "
+                       + verdict("rerender", r[name].median / t["request"].median))
+
+
+# ---- 7 and 8: the launched app: cold start, memory ----------------------------------------------------
+
+def launched_app(bench: Bench, items: set[str]) -> None:
+    from app_server import launch
+    from gradio_client import Client, handle_file
+
+    a, b = bench.imagenet_pair
+    start = time.perf_counter()
+    server = launch(bench.folder("app"), "--vit", a, "--cvt", b)
+    page = time.perf_counter() - start
+    try:
+        client = Client(server.url, verbose=False, analytics_enabled=False,
+                        download_files=str(bench.folder("app-downloads")))
+        seconds = []
+        for i in range(APP_REQUESTS if "memory" in items else 1):
+            t0 = time.perf_counter()
+            client.predict(handle_file(str(bench.jpeg)), a, b, api_name="/explain")
+            seconds.append(time.perf_counter() - t0)
+            if i == 0:
+                first = time.perf_counter() - start
+            if "memory" not in items:
+                break
+        status = dict(line.split(":", 1) for line in Path(f"/proc/{server.process.pid}/status").read_text().splitlines())
+    finally:
+        server.stop()
+    if "coldstart" in items:
+        report(f"cold start python app.py (ImageNet pair from folders): first page {page:.1f} s, "
+               f"first answered request {first:.1f} s (one sample; the first request loads both models)")
+    if "memory" in items:
+        gib = lambda key: int(status[key].split()[0]) * 1024 / 2**30
+        report(f"app memory, ImageNet pair, after {len(seconds)} requests over HTTP: RSS {gib('VmRSS'):.2f} GiB, "
+               f"peak RSS {gib('VmHWM'):.2f} GiB (requests from a client: {Timing(seconds[1:] or seconds)})")
+
+
+# ---- 9: the machine's limit ------------------------------------------------------------------------------
+
+def vit_flops(config, batch: int) -> float:
+    """Multiply-adds x 2 of a ViT forward: patchify, per block qkv, q k^T, attn v, proj, MLP; head."""
+    d, h = config.embed_dim, int(config.embed_dim * config.mlp_ratio)
+    grid = (config.img_size[0] // config.patch_size) * (config.img_size[1] // config.patch_size)
+    n = grid + len(config.prefix_kinds)
+    patchify = grid * config.in_chans * config.patch_size ** 2 * d
+    block = n * d * 3 * d + 2 * n * n * d + n * d * d + 2 * n * d * h
+    return 2.0 * batch * (patchify + config.depth * block + d * config.num_classes)
+
+
+def peak(bench: Bench, items: set[str]) -> None:
+    n = 512 if bench.quick else 2048
+    x, y = torch.randn(n, n), torch.randn(n, n)
+    best = min(timed({"mm": lambda: torch.mm(x, y)}, repeats=max(bench.repeats, 5) * 2)["mm"].seconds)
+    gflops = 2 * n ** 3 / best / 1e9
+    reference, loaded = bench.vit_base
+    parts = []
+    for batch in (1, 8):
+        seconds = bench.results.get(("forward", "vit_base_patch16_224", batch))
+        if seconds is None:
+            pixels = torch.randn(batch, 3, 224, 224)
+            with torch.inference_mode():
+                seconds = timed({"f": lambda: loaded.model(pixels)}, repeats=bench.repeats)["f"].median
+        work = vit_flops(loaded.model.config, batch) / 1e9
+        parts.append(f"b{batch} {work:.1f} GFLOP in {_ms(seconds)} ms = {work / seconds:.0f} GFLOP/s, "
+                     f"{work / seconds / gflops:.0%} of peak")
+    report(f"machine peak fp32 matmul {gflops:.0f} GFLOP/s ({n}x{n}, {torch.get_num_threads()} threads); "
+           f"vitviz ViT-B/16 forward (median): " + "; ".join(parts))
+
+
+# ---- main ---------------------------------------------------------------------------------------------------
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="tiny models and images, few repeats (a smoke test)")
+    p.add_argument("--only", nargs="+", choices=ITEMS, metavar="ITEM", help=f"some of: {' '.join(ITEMS)}")
+    p.add_argument("--repeats", type=int, default=None, help="timed rounds per measurement (default 7; 2 quick)")
+    args = p.parse_args(argv)
+    items = set(args.only or ITEMS)
+    repeats = args.repeats or (2 if args.quick else 7)
+    if repeats < 1:
+        p.error("--repeats must be at least 1")
+    training = subprocess.run(["pgrep", "-f", "vitviz.train"], capture_output=True, text=True).stdout.split()
+    report(f"vitviz benchmark: torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, "
+           f"repeats {repeats}{', quick (tiny models)' if args.quick else ''}"
+           f"{f', {len(training)} training processes running (numbers slowed)' if training else ''}")
+    with tempfile.TemporaryDirectory(prefix="vitviz-bench-") as tmp:
+        bench = Bench(quick=args.quick, repeats=repeats, tmp=Path(tmp))
+        steps = [({"forward", "traced"}, vit_forward), ({"cvt"}, cvt_forward), ({"pipeline"}, pipeline),
+                 ({"request", "rerender"}, request), ({"coldstart", "memory"}, launched_app), ({"peak"}, peak)]
+        for wanted, step in steps:
+            if wanted & items:
+                step(bench, items)
+
+
+if __name__ == "__main__":
+    main()

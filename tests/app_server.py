@@ -1,0 +1,66 @@
+"""The real app, launched as a server process on a free localhost port, with the Hub offline."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class AppServer:
+    process: subprocess.Popen
+    url: str
+    log: Path
+
+    def rss_bytes(self) -> int:
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise RuntimeError("no VmRSS")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+def launch(tmp: Path, *args: str, env: dict | None = None, timeout: float = 180) -> AppServer:
+    """`python app.py ARGS` on a free port; returns once the page is served (or raises with the log).
+    `env` adds to or overrides the environment; a None value removes that variable (HF_HUB_OFFLINE: None
+    lets the app reach the Hub that HF_ENDPOINT names)."""
+    port = free_port()
+    log = tmp / f"app-{port}.log"
+    environ = {**os.environ, "GRADIO_SERVER_NAME": "127.0.0.1", "GRADIO_SERVER_PORT": str(port),
+               "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp / "hf-home"), "GRADIO_TEMP_DIR": str(tmp / "gradio"),
+               "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONUNBUFFERED": "1", **(env or {})}
+    environ = {name: value for name, value in environ.items() if value is not None}
+    process = subprocess.Popen([sys.executable, str(ROOT / "app.py"), *args], cwd=ROOT, env=environ,
+                               stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/"
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the app exited with {process.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return AppServer(process, url, log)
+        except OSError:
+            time.sleep(0.5)
+    process.kill()
+    raise RuntimeError(f"the app did not serve {url} within {timeout} s:\n{log.read_text()[-3000:]}")

@@ -1,0 +1,36 @@
+"""Test-wide setup: huggingface_hub talks to a local fake Hub and keeps its cache in a temporary folder.
+
+huggingface_hub reads HF_ENDPOINT and HF_HOME once, when it is imported, so both are set here,
+before any test module imports it: the fake Hub's socket is bound now (its port goes into
+HF_ENDPOINT) and it starts answering when a test asks for the `hub` fixture. No test reaches the
+real Hub or touches ~/.cache/huggingface; offline mode and tokens from the shell are cleared.
+"""
+import os
+import shutil
+import sys
+import tempfile
+
+import pytest
+
+from hub_server import FakeHub
+
+HF_HOME = tempfile.mkdtemp(prefix="vitviz-tests-hf-")
+HUB = FakeHub()
+
+if "huggingface_hub" in sys.modules:
+    raise RuntimeError("huggingface_hub was imported before tests/conftest.py could point it at the fake Hub")
+for variable in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_TOKEN",
+                 "HF_HUB_ETAG_TIMEOUT", "HF_HUB_DOWNLOAD_TIMEOUT"):
+    os.environ.pop(variable, None)
+os.environ.update(HF_HOME=HF_HOME, HF_ENDPOINT=HUB.url, HF_HUB_DISABLE_TELEMETRY="1")
+
+
+@pytest.fixture(scope="session")
+def hub() -> FakeHub:
+    """The fake Hub, answering on HF_ENDPOINT; repos published to it stay for the session."""
+    return HUB.start()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    HUB.stop()
+    shutil.rmtree(HF_HOME, ignore_errors=True)

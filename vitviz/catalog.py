@@ -1,0 +1,61 @@
+"""The models vitviz knows by a short name, in one place: name -> where its checkpoint lives.
+
+Hub entries are the repos timm and Microsoft publish (timm's own `pretrained_cfg` registry names
+these repos); they are not pinned to a commit, so `vitviz.load` records the commit it got. The two
+bundled models are vitviz's own CIFAR-10 checkpoints in the repository's `checkpoints/` folder and
+need no network.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+CHECKPOINTS = Path(__file__).resolve().parent.parent / "checkpoints"
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    name: str
+    source: str          # a Hub repo id, or a folder name under checkpoints/ for a bundled model
+    family: str          # 'vit' or 'cvt'
+    summary: str         # one line for menus and `python -m vitviz models`
+    bundled: bool = False
+
+    @property
+    def path(self) -> Path | None:
+        """The bundled model's folder (None for Hub models)."""
+        return CHECKPOINTS / self.source if self.bundled else None
+
+
+CATALOG: dict[str, CatalogEntry] = {e.name: e for e in [
+    CatalogEntry("vit-tiny", "timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k", "vit",
+                 "ViT-Ti/16, 224 px, ImageNet-21k then 1k (AugReg), 5.7 M parameters"),
+    CatalogEntry("vit-small", "timm/vit_small_patch16_224.augreg_in21k_ft_in1k", "vit",
+                 "ViT-S/16, 224 px, ImageNet-21k then 1k (AugReg), 22 M parameters"),
+    CatalogEntry("vit-base", "timm/vit_base_patch16_224.augreg2_in21k_ft_in1k", "vit",
+                 "ViT-B/16, 224 px, ImageNet-21k then 1k (AugReg2), 86 M parameters"),
+    CatalogEntry("deit-tiny", "timm/deit_tiny_patch16_224.fb_in1k", "vit",
+                 "DeiT-Ti/16, 224 px, ImageNet-1k only, 5.7 M parameters"),
+    CatalogEntry("deit-small", "timm/deit_small_patch16_224.fb_in1k", "vit",
+                 "DeiT-S/16, 224 px, ImageNet-1k only, 22 M parameters"),
+    CatalogEntry("deit-tiny-distilled", "timm/deit_tiny_distilled_patch16_224.fb_in1k", "vit",
+                 "DeiT-Ti/16 with a distillation token, 224 px, ImageNet-1k, 5.9 M parameters"),
+    CatalogEntry("cvt-13", "microsoft/cvt-13", "cvt", "CvT-13, 224 px, ImageNet-1k, 20 M parameters"),
+    CatalogEntry("cvt-21", "microsoft/cvt-21", "cvt", "CvT-21, 224 px, ImageNet-1k, 32 M parameters"),
+    CatalogEntry("cvt-13-384", "microsoft/cvt-13-384", "cvt", "CvT-13, 384 px, ImageNet-1k, 20 M parameters"),
+    CatalogEntry("cvt-w24-384", "microsoft/cvt-w24-384-22k", "cvt",
+                 "CvT-W24, 384 px, ImageNet-22k then 1k, 277 M parameters"),
+    CatalogEntry("vit-cifar10", "vit-cifar10", "vit",
+                 "vitviz's own ViT, 32 px CIFAR-10 (bundled, works offline)", bundled=True),
+    CatalogEntry("cvt-cifar10", "cvt-cifar10", "cvt",
+                 "vitviz's own CvT, 32 px CIFAR-10 (bundled, works offline)", bundled=True),
+]}
+
+
+# what the app opens with: the ImageNet pair when it can be had, else the bundled pair
+IMAGENET_PAIR = ("vit-base", "cvt-13")
+BUNDLED_PAIR = ("vit-cifar10", "cvt-cifar10")
+
+
+def bundled() -> list[CatalogEntry]:
+    return [e for e in CATALOG.values() if e.bundled]

@@ -1,0 +1,80 @@
+"""Raw attention maps of one block: where a token looks (its row), who looks at a patch (a column).
+
+A row lives on the block's key grid, as the model computed it; `on_query_grid=True` spreads it
+through CvT's key operator D (`cvt.py`) onto the query grid, where it lines up with the rollout
+maps (for ViT the two grids are one and D = I). A column is asked about a query-grid patch: for
+CvT that patch is part of several keys' windows, so the column is the patch's column of A·D.
+"""
+from __future__ import annotations
+
+import torch
+from einops import rearrange
+from torch import Tensor
+
+from ..models.trace import BlockTrace, Trace
+from .cvt import keys_to_queries, queries_to_keys
+
+Token = tuple[int, int] | str   # (row, col) on the block's query grid, or a prefix kind: 'cls', 'dist', 'reg'
+
+
+def _block(trace: Trace, layer: int) -> BlockTrace:
+    if not -len(trace.blocks) <= layer < len(trace.blocks):
+        raise ValueError(f"layer must index one of the model's {len(trace.blocks)} blocks, not {layer}")
+    return trace.blocks[layer]
+
+
+def _token_index(block: BlockTrace, token: Token) -> int:
+    """Position of `token` among the block's query tokens (prefix first)."""
+    if isinstance(token, str):
+        if token not in block.prefix_kinds:
+            raise ValueError(f"this block has no {token!r} token (its prefix tokens: {block.prefix_kinds or 'none'})")
+        return block.prefix_kinds.index(token)
+    (row, col), (h, w) = token, block.query_grid
+    if not (0 <= row < h and 0 <= col < w):
+        raise ValueError(f"patch {token} is outside the block's {h}x{w} token grid")
+    return block.prefix + row * w + col
+
+
+def _heads(block: BlockTrace, head: int | None) -> Tensor:
+    """b h nq nk -> b nq nk: one head, or the head mean."""
+    attn = block.attn.detach()
+    if head is None:
+        return attn.mean(dim=1)
+    if not -attn.shape[1] <= head < attn.shape[1]:
+        raise ValueError(f"head must be one of the block's {attn.shape[1]} heads, not {head}")
+    return attn[:, head]
+
+
+def _grid(values: Tensor, block: BlockTrace, grid: tuple[int, int]) -> Tensor:
+    """... (prefix + tokens) -> ... h w, prefix dropped."""
+    return rearrange(values[..., block.prefix:], '... (h w) -> ... h w', h=grid[0], w=grid[1])
+
+
+def query_attention(trace: Trace, *, layer: int, query: Token = "cls", head: int | None = None,
+                    on_query_grid: bool = False) -> Tensor:
+    """Where `query` looks in block `layer` (head, or head mean): b kh kw over the key grid (prefix keys dropped)."""
+    block = _block(trace, layer)
+    row = _heads(block, head)[:, _token_index(block, query)]   # b nk
+    if on_query_grid:
+        return _grid(keys_to_queries(row, block), block, block.query_grid)
+    return _grid(row, block, block.key_grid)
+
+
+def class_attention(trace: Trace, *, layer: int = -1, on_query_grid: bool = False) -> Tensor:
+    """Every head's class-token row in block `layer`: b h kh kw over the key grid (CvT: stage 3 only)."""
+    block = _block(trace, layer)
+    rows = block.attn.detach()[:, :, _token_index(block, "cls")]   # b h nk
+    if on_query_grid:
+        heads = rows.shape[1]
+        rows = rearrange(keys_to_queries(rearrange(rows, 'b h n -> (b h) n'), block), '(b h) n -> b h n', h=heads)
+        return _grid(rows, block, block.query_grid)
+    return _grid(rows, block, block.key_grid)
+
+
+def key_attention(trace: Trace, *, layer: int, patch: Token, head: int | None = None) -> Tensor:
+    """Who looks at `patch` in block `layer`: b qh qw, the patch's column of A·D over the grid queries."""
+    block = _block(trace, layer)
+    onehot = torch.zeros(1, block.attn.shape[2], dtype=block.attn.dtype, device=block.attn.device)
+    onehot[0, _token_index(block, patch)] = 1.0
+    key_weights = queries_to_keys(onehot, block)[0]   # D's column for the patch: nk
+    return _grid(torch.einsum('bqk,k->bq', _heads(block, head), key_weights), block, block.query_grid)

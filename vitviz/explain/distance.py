@@ -1,0 +1,56 @@
+"""Mean attention distance (ViT paper, fig. 7): how far, in input pixels, each head looks.
+
+Per block and head: for every grid query, the attention-weighted mean of the pixel distance
+between its centre and each grid key's centre (prefix tokens excluded, rows re-normalised over
+the grid keys), averaged over the queries. Token centres come from the chain of windows that
+made the tokens: a window over a grid with centres a*t + c has centres (a*s)*i + a*((k-1)/2 - p) + c
+(padding positions counted, as in the receptive field); a pixel t has centre t + 0.5. CvT's keys
+add their k/v window over the query grid.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..models.trace import BlockTrace, Trace, Window
+
+Axis = tuple[float, float]   # centre of token i along an axis: a * i + c, in input pixels
+
+
+def _through(axis: Axis, window: Window) -> Axis:
+    a, c = axis
+    return a * window.stride, a * ((window.kernel - 1) / 2 - window.padding) + c
+
+
+def _stage_axis(trace: Trace, stage: int) -> Axis:
+    axis = (1.0, 0.5)
+    for embedding in trace.embeddings[:stage + 1]:
+        axis = _through(axis, embedding.window)
+    return axis
+
+
+def _centres(axis: Axis, grid: tuple[int, int], like: Tensor) -> Tensor:
+    """(h w) 2: the (y, x) pixel centres of a grid's tokens (the same affine map on both axes)."""
+    a, c = axis
+    ys, xs = (a * torch.arange(n, dtype=like.dtype, device=like.device) + c for n in grid)
+    return torch.stack(torch.meshgrid(ys, xs, indexing="ij"), dim=-1).reshape(-1, 2)
+
+
+def token_centres(trace: Trace, layer: int) -> tuple[Tensor, Tensor]:
+    """((qh qw) 2 query centres, (kh kw) 2 key centres): block `layer`'s grid tokens in input pixels (y, x)."""
+    block = trace.blocks[layer]
+    axis = _stage_axis(trace, block.stage)
+    return (_centres(axis, block.query_grid, block.attn),
+            _centres(_through(axis, block.key_window), block.key_grid, block.attn))
+
+
+def mean_attention_distance(trace: Trace) -> list[Tensor]:
+    """Per block, b h: each head's mean attention distance in input pixels (stack them for a ViT: b L h)."""
+    return [_block_distance(trace, i, block) for i, block in enumerate(trace.blocks)]
+
+
+def _block_distance(trace: Trace, layer: int, block: BlockTrace) -> Tensor:
+    queries, keys = token_centres(trace, layer)
+    grid = block.attn.detach()[:, :, block.prefix:, block.prefix:]   # b h nq nk, grid tokens only
+    grid = grid / grid.sum(dim=-1, keepdim=True)
+    return torch.einsum('bhqk,qk->bh', grid, torch.cdist(queries, keys)) / grid.shape[2]

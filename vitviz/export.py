@@ -1,0 +1,111 @@
+"""The one exporter: every panel as PNG, every map as .npy, and a manifest.json, for the CLI's output
+folder and the app's download zip alike (same files, same names).
+
+    <out>/manifest.json
+    <out>/<image>/<model>/predictions.json
+    <out>/<image>/<model>/<method>.npy and <method>.png      (rollout, grad-rollout, chefer)
+    <out>/<image>/<model>/grid-<k>.png                        (patch grid, or CvT stage k's tokens)
+    <out>/<image>/<model>/stage-<k>-pca.png, stage-<k>-norm.png
+
+Each file is written under a temporary name and renamed, so an interrupted run never leaves half a file.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import time
+import zipfile
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+from PIL import Image
+
+from . import __version__
+from .session import METHODS, ModelRun
+
+MANIFEST = "manifest.json"
+PREDICTIONS = "predictions.json"
+
+
+def safe_name(name: str) -> str:
+    """A model or image name as one path component: 'microsoft/cvt-13' -> 'microsoft--cvt-13'."""
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", name.replace("/", "--")).strip(".-")
+    return name or "unnamed"
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def png_bytes(image: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(image).save(buffer, format="PNG", optimize=False)
+    return buffer.getvalue()
+
+
+def npy_bytes(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, np.asarray(array, dtype=np.float32), allow_pickle=False)
+    return buffer.getvalue()
+
+
+def image_files(run: ModelRun, methods: Sequence[str], *, faithfulness_steps: int = 0,
+                **params) -> tuple[dict[str, bytes], dict]:
+    """Every file for one image + model, as bytes, and that model's entry for the manifest."""
+    for method in methods:
+        if method not in METHODS:
+            raise ValueError(f"unknown method {method!r}: choose from {', '.join(METHODS)}")
+    files: dict[str, bytes] = {}
+    top = [{"index": p.index, "label": p.label, "prob": round(p.prob, 6)} for p in run.top(5)]
+    entry = {"model": run.name, "top5": top, "target": top[0]["index"], "maps": {}, "faithfulness": {}}
+    files[PREDICTIONS] = (json.dumps({"model": run.name, "top5": top}, indent=2) + "\n").encode()
+    for method in methods:
+        values = run.token_map(method, **params)
+        files[f"{method}.npy"] = npy_bytes(values)
+        files[f"{method}.png"] = png_bytes(run.map_view(method, values=values))
+        entry["maps"][method] = {"shape": list(values.shape), "file": f"{method}.npy"}
+        if faithfulness_steps:
+            curves = run.faithfulness(method, steps=faithfulness_steps)
+            entry["faithfulness"][method] = {k: round(v["auc"], 6) for k, v in curves.items() if isinstance(v, dict)}
+    for k, view in enumerate(run.grid_views()):
+        files[f"grid-{k + 1}.png"] = png_bytes(view)
+    views = run.stage_views()
+    for k in range(len(views) // 2):
+        files[f"stage-{k + 1}-pca.png"], files[f"stage-{k + 1}-norm.png"] = png_bytes(views[2 * k]), png_bytes(views[2 * k + 1])
+    entry["files"] = sorted(files)
+    return files, entry
+
+
+def model_entry(loaded) -> dict:
+    """What the manifest records of a model: where it came from, exactly, and how it preprocesses."""
+    return {"name": loaded.name, "family": loaded.family, "source": loaded.source_info(),
+            "preprocess": loaded.transform.to_dict(), "classes": len(loaded.labels)}
+
+
+def manifest(*, models: Iterable, methods: Sequence[str], params: dict, images: list[dict], skipped: list[dict],
+             faithfulness_steps: int) -> dict:
+    return {"vitviz_version": __version__, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "models": [model_entry(m) for m in models],
+            "methods": {m: {"name": METHODS[m], **params} for m in methods},
+            "faithfulness_steps": faithfulness_steps, "images": images, "skipped": skipped}
+
+
+def write_manifest(out: Path, data: dict) -> None:
+    write_atomic(Path(out) / MANIFEST, (json.dumps(data, indent=2) + "\n").encode())
+
+
+def zip_folder(folder: Path, zip_path: Path) -> Path:
+    """The exported folder as one zip (the app's download), paths relative to the folder."""
+    tmp = zip_path.with_name(f".{zip_path.name}.tmp")
+    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        for path in sorted(Path(folder).rglob("*")):
+            if path.is_file():
+                archive.write(path, path.relative_to(folder).as_posix())
+    os.replace(tmp, zip_path)
+    return zip_path

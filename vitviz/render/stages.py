@@ -1,0 +1,56 @@
+"""A CvT's (or any model's) per-stage token features: first three principal components as RGB, per-token
+L2 norm, and the most active channels. `features` is one entry of `Trace.features` (c h w, batch 1)."""
+from __future__ import annotations
+
+import numpy as np
+from einops import rearrange
+
+from .anatomy import pca, token_norm_map
+from .canvas import Canvas, as_map
+from .captions import put_text, tile
+from .overlay import DEFAULT_CMAP, overlay
+
+PCA_CLIP = (1.0, 99.0)   # percentiles each component is stretched between, so a few extreme tokens don't wash it out
+
+
+def feature_pca(features) -> np.ndarray:
+    """c h w features -> h w 3 in [0, 1]: the tokens' scores on the first three principal components
+    (centred over the stage's tokens), each stretched between its 1st and 99th percentile."""
+    fmap = as_map(features, channels=True)
+    h, w = fmap.shape[1:]
+    scores, _ = pca(rearrange(fmap, 'c h w -> (h w) c'), 3)
+    scores = np.pad(scores, ((0, 0), (0, 3 - scores.shape[1])))   # fewer than 3 channels or tokens: black
+    low, high = np.percentile(scores, PCA_CLIP, axis=0)
+    unit = np.clip((scores - low) / np.where(high > low, high - low, 1.0), 0.0, 1.0)
+    return rearrange(unit, '(h w) k -> h w k', h=h, w=w).astype(np.float32)
+
+
+def stage_pca(canvas: Canvas, features, *, stage: int, mode: str = "bilinear") -> np.ndarray:
+    """The stage's first three principal components as the red, green and blue of the image region
+    the model saw (tokens with similar features get similar colours)."""
+    field = canvas.fields[stage]
+    rgb = canvas.sample(feature_pca(features), field, mode=mode)
+    out = canvas.shaded(field).copy()
+    seen = canvas.seen(field)
+    out[seen] = np.round(rgb[seen] * 255).astype(np.uint8)
+    return out
+
+
+def feature_norm(canvas: Canvas, features, *, stage: int) -> np.ndarray:
+    """Per-token L2 norm of the stage's features, high-norm outliers flagged."""
+    return token_norm_map(canvas, np.linalg.norm(as_map(features, channels=True), axis=0), field=stage)
+
+
+def channel_gallery(canvas: Canvas, features, *, stage: int, count: int = 8, cols: int = 4, side: int = 224,
+                    cmap: str = DEFAULT_CMAP) -> np.ndarray:
+    """The `count` channels with the highest mean activation over the stage's tokens, each over a
+    thumbnail of the image on its own colour scale, labelled with its index and mean."""
+    fmap = as_map(features, channels=True)
+    means = fmap.mean(axis=(1, 2))
+    thumb = canvas.thumbnail(side)
+    tiles = []
+    for c in np.argsort(-means)[:count]:
+        view = overlay(thumb, fmap[c], field=stage, cmap=cmap, alpha=0.7)
+        put_text(view, f"channel {c}, mean {means[c]:.2g}", (4, thumb.ink.line_height()), thumb.ink)
+        tiles.append(view)
+    return tile(tiles, cols=min(cols, len(tiles)))
