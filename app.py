@@ -61,6 +61,14 @@ def upload_path(payload) -> str:
     return payload["path"] if isinstance(payload, dict) else str(payload)
 
 
+def kept_runs(key):
+    """The runs of the page's last Explain, kept server side (bounded: old sessions are dropped)."""
+    try:
+        return RUNS.get(key)
+    except KeyError as e:
+        raise gr.Error(e.args[0]) from None
+
+
 def top5(run) -> dict[str, float]:
     return {p.label: p.prob for p in run.top(5)}
 
@@ -78,7 +86,7 @@ def comparison(runs, maps) -> str:
 
 
 def map_views(key, cmap, mode, style, shared):
-    runs = RUNS.get(key)
+    runs = kept_runs(key)
     maps = [run.token_map("rollout") for run in runs]
     values = [per_uniform(m) for m in maps] if shared else maps
     scale = shared_scale(*values) if shared else None
@@ -117,7 +125,7 @@ def render_maps(key, cmap, mode, style, shared):
 
 def render_layers(key, layer_a, head_a, layer_b, head_b, point, direction):
     """Per-layer, per-head attention (head 0 = the mean over heads), for the chosen token if any."""
-    runs = RUNS.get(key)
+    runs = kept_runs(key)
     if direction == "column" and point is None:
         raise gr.Error("Click a point on the input image to choose the token.")
     return tuple(run.attention_view(layer=int(layer) - 1, head=None if int(head) == 0 else int(head) - 1,
@@ -136,7 +144,7 @@ def run_point(run, point):
 def pick_point(key, layer_a, head_a, layer_b, head_b, direction, evt: gr.SelectData):
     """A click on the input image: the token under it, in both models at once."""
     point = tuple(evt.index)
-    runs = RUNS.get(key)
+    runs = kept_runs(key)
     grids = [run.grid_views(point=run_point(run, point)) for run in runs]
     return (point, *render_layers(key, layer_a, head_a, layer_b, head_b, point, direction), *grids)
 
@@ -144,19 +152,19 @@ def pick_point(key, layer_a, head_a, layer_b, head_b, direction, evt: gr.SelectD
 @gpu
 def render_gradients(key, method, target_a, target_b):
     """Gradient-weighted maps for a class chosen from each model's top 5 (one backward pass each)."""
-    runs = RUNS.get(key)
+    runs = kept_runs(key)
     return tuple(run.map_view(method, target=None if t is None else int(t)) for run, t in zip(runs, (target_a, target_b)))
 
 
 def render_stages(key):
     """Per-stage features (CvT's three stages; ViT's one token grid) and each stage's most active channels."""
-    runs = RUNS.get(key)
+    runs = kept_runs(key)
     return tuple(run.stage_views() + [run.channel_view(len(run.trace.features) - 1)] for run in runs)
 
 
 def render_anatomy(key):
     """ViT paper figure 7: embedding filters, position-embedding similarity, mean attention distance."""
-    runs = RUNS.get(key)
+    runs = kept_runs(key)
     distances = {run.name: [d[0].tolist() for d in mean_attention_distance(run.trace)] for run in runs}
     return (*(filter_tiles(embedding_filters(run.loaded.model)) for run in runs),
             *(position_tiles(run.loaded.model) for run in runs), attention_distance_plot(distances))
@@ -165,7 +173,7 @@ def render_anatomy(key):
 @gpu
 def render_faithfulness(key, method, steps):
     """Deletion and insertion curves of each model's map against a random order."""
-    runs = RUNS.get(key)
+    runs = kept_runs(key)
     plots = []
     for run in runs:
         curves = run.faithfulness(method, steps=int(steps))
@@ -178,14 +186,14 @@ def render_faithfulness(key, method, steps):
 
 
 def render_norms(key, layer_a, layer_b):
-    runs = RUNS.get(key)
+    runs = kept_runs(key)
     return tuple(run.norm_view(int(layer) - 1) for run, layer in zip(runs, (layer_a, layer_b)))
 
 
 @gpu
 def download(key, methods):
     """Every panel as PNG, every map as .npy and a manifest, zipped (the CLI's exporter, same files)."""
-    runs = RUNS.get(key)
+    runs = kept_runs(key)
     methods = methods or ["rollout"]
     entry = {"id": "image", "path": "upload", "size": [runs[0].image.height, runs[0].image.width], "models": []}
     with tempfile.TemporaryDirectory(prefix="vitviz-export-") as folder:
@@ -209,8 +217,7 @@ def stats() -> dict:
     once, total), kept sessions and loaded models against their bounds."""
     return {"model_slots": MODEL_GATE.slots, "model_running": MODEL_GATE.running, "model_peak": MODEL_GATE.peak,
             "model_passes": MODEL_GATE.passes, "sessions": len(RUNS), "sessions_max": RUNS.capacity,
-            "models_loaded": len(hub.CACHE.names()), "models_max": hub.CACHE.max_models,
-            "models_loaded_bytes": hub.CACHE.nbytes, "models_max_bytes": hub.CACHE.max_bytes}
+            "models_loaded": len(hub.CACHE.names()), "models_max": hub.CACHE.max_models}
 
 
 def default_pair() -> tuple[str, str, str]:

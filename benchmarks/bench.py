@@ -38,13 +38,16 @@ import vitviz  # noqa: E402
 from vitviz import catalog, explain, render  # noqa: E402
 from vitviz.bundle import save_bundle  # noqa: E402
 from vitviz.image import read_image  # noqa: E402
+from vitviz.models import FAMILIES, ViTConfig  # noqa: E402
+from vitviz.preprocess import Transform  # noqa: E402
 from vitviz.session import ModelRun, decode_side  # noqa: E402
 
 ITEMS = ("forward", "cvt", "traced", "pipeline", "request", "rerender", "coldstart", "memory", "peak")
 TARGETS = {"forward": 1.00, "cvt": 1.00, "traced": 1.30, "pipeline": 0.80, "request": 1.50, "rerender": 0.10}
 VIT_SHAPES = ("vit_small_patch16_224", "vit_base_patch16_224")
 TINY_VIT = dict(depth=2, embed_dim=32, num_heads=2)                               # --quick
-TINY_CVT = dict(embed_dim=[16, 24, 32], depth=[1, 1, 1], num_heads=[1, 1, 2])     # --quick
+# transformers indexes per-block drop-path rates by stage, so stage i needs at least i + 1 blocks
+TINY_CVT = dict(embed_dim=[16, 24, 32], depth=[1, 2, 3], num_heads=[1, 1, 2])     # --quick
 CVT_13_PROCESSOR = {   # microsoft/cvt-13's preprocessor_config.json
     "crop_pct": 0.875, "do_normalize": True, "do_resize": True, "feature_extractor_type": "ConvNextFeatureExtractor",
     "image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225], "resample": 3, "size": 224}
@@ -74,14 +77,17 @@ def _ms(seconds: float) -> str:
 def timed(contenders: dict[str, Callable[[], object]], *, repeats: int, warmup: int = 1) -> dict[str, Timing]:
     """Each contender `warmup` times, then `repeats` interleaved rounds in rotating order."""
     names = list(contenders)
+    sync = torch.cuda.synchronize if torch.cuda.is_initialized() else (lambda: None)   # GPU work is asynchronous
     for _ in range(warmup):
         for name in names:
             contenders[name]()
     seconds = {name: [] for name in names}
     for r in range(repeats):
         for name in names[r % len(names):] + names[:r % len(names)]:
+            sync()
             start = time.perf_counter()
             contenders[name]()
+            sync()
             seconds[name].append(time.perf_counter() - start)
     return {name: Timing(s) for name, s in seconds.items()}
 
@@ -110,7 +116,20 @@ class Bench:
     quick: bool
     repeats: int
     tmp: Path
+    device: torch.device = torch.device("cpu")
+    autocast: bool = False          # bf16 autocast around every timed forward (both contenders)
+    batches: tuple[int, ...] = (1, 8)
     results: dict = field(default_factory=dict)
+
+    @property
+    def warmup(self) -> int:
+        return 3 if self.device.type == "cuda" else 1   # kernel selection and caches settle on a GPU
+
+    def amp(self):
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast)
+
+    def time(self, contenders: dict[str, Callable[[], object]]) -> dict[str, Timing]:
+        return timed(contenders, repeats=self.repeats, warmup=self.warmup)
 
     def folder(self, name: str) -> Path:
         path = self.tmp / name
@@ -127,7 +146,7 @@ class Bench:
         folder = self.folder(shape)
         if not (folder / "model.safetensors").is_file():
             save_for_hf(reference, str(folder), safe_serialization=True)
-        return reference, vitviz.load(str(folder), device="cpu")
+        return reference.to(self.device), vitviz.load(str(folder), device=self.device)
 
     @cached_property
     def vit_base(self):
@@ -139,7 +158,7 @@ class Bench:
         from transformers import CvtConfig, CvtForImageClassification
 
         torch.manual_seed(0)
-        config = CvtConfig(**(TINY_CVT if self.quick else {}))
+        config = CvtConfig(num_labels=1000, **(TINY_CVT if self.quick else {}))
         reference = CvtForImageClassification(config).eval()
         with torch.no_grad():   # BatchNorm statistics a trained model would have, not 0 and 1
             for name, buffer in reference.named_buffers():
@@ -148,7 +167,7 @@ class Bench:
         folder = self.folder("cvt-13")
         reference.save_pretrained(folder)
         (folder / "preprocessor_config.json").write_text(json.dumps(CVT_13_PROCESSOR, indent=2))
-        return reference, vitviz.load(str(folder), device="cpu")
+        return reference.to(self.device), vitviz.load(str(folder), device=self.device)
 
     @cached_property
     def bundled_pair(self) -> tuple[str, str, str]:
@@ -163,8 +182,8 @@ class Bench:
         for name, arch in zip(names, ("vit-micro", "cvt-micro") if self.quick else ("vit-cifar", "cvt-cifar")):
             config = ARCHITECTURES[arch]
             torch.manual_seed(0)
-            model = vitviz.models.FAMILIES["vit" if isinstance(config, vitviz.ViTConfig) else "cvt"][0](config)
-            transform = vitviz.Transform(crop=(32, 32), resize=32, mean=CIFAR_MEAN, std=CIFAR_STD)
+            model = FAMILIES["vit" if isinstance(config, ViTConfig) else "cvt"][0](config)
+            transform = Transform(crop=(32, 32), resize=32, mean=CIFAR_MEAN, std=CIFAR_STD)
             path = self.folder(f"stand-in-{name}")
             save_bundle(path, model.eval(), transform=transform, labels=[f"class {i}" for i in range(10)])
             paths.append(str(path))
@@ -188,6 +207,7 @@ class Bench:
     @cached_property
     def app(self):
         import app
+        app.DEVICE = str(self.device)
         app.LOCAL_ALLOWED.update(self.imagenet_pair)
         app.LOCAL_ALLOWED.update(self.bundled_pair[:2])
         return app
@@ -198,12 +218,13 @@ class Bench:
 def vit_forward(bench: Bench, items: set[str]) -> None:
     for shape in VIT_SHAPES:
         reference, loaded = bench.vit_base if shape == "vit_base_patch16_224" else bench.timm_vit(shape)
-        for batch in (1, 8):
-            pixels = torch.randn(batch, 3, 224, 224)
+        for batch in bench.batches:
+            pixels = torch.randn(batch, 3, 224, 224, device=bench.device)
             with torch.inference_mode():
                 same_logits(loaded.model(pixels), reference(pixels), shape)
-                t = timed({"vitviz": lambda: loaded.model(pixels), "traced": lambda: loaded.model.trace(pixels),
-                           "timm": lambda: reference(pixels)}, repeats=bench.repeats)
+                with bench.amp():
+                    t = bench.time({"vitviz": lambda: loaded.model(pixels), "traced": lambda: loaded.model.trace(pixels),
+                                    "timm": lambda: reference(pixels)})
             bench.results[("forward", shape, batch)] = t["vitviz"].median
             if "forward" in items:
                 report(f"vit forward b{batch} {shape}: vitviz {t['vitviz']}, timm {t['timm']}, "
@@ -217,12 +238,13 @@ def vit_forward(bench: Bench, items: set[str]) -> None:
 
 def cvt_forward(bench: Bench, items: set[str]) -> None:
     reference, loaded = bench.cvt_13
-    for batch in (1, 8):
-        pixels = torch.randn(batch, 3, 224, 224)
+    for batch in bench.batches:
+        pixels = torch.randn(batch, 3, 224, 224, device=bench.device)
         with torch.inference_mode():
             same_logits(loaded.model(pixels), reference(pixel_values=pixels).logits, "CvT-13")
-            t = timed({"vitviz": lambda: loaded.model(pixels),
-                       "transformers": lambda: reference(pixel_values=pixels).logits}, repeats=bench.repeats)
+            with bench.amp():
+                t = bench.time({"vitviz": lambda: loaded.model(pixels),
+                                "transformers": lambda: reference(pixel_values=pixels).logits})
         report(f"cvt forward b{batch} CvT-13: vitviz {t['vitviz']}, transformers {t['transformers']}, "
                + verdict("cvt", t["vitviz"].median / t["transformers"].median))
 
@@ -260,7 +282,7 @@ def hf_vit_from_timm(reference, loaded):
     if missing or unexpected:
         raise SystemExit(f"this transformers version names ViT weights differently: missing {missing[:3]}, "
                          f"unexpected {unexpected[:3]}")
-    return model
+    return model.to(loaded.device)
 
 
 def jacobgil_rollout(attentions, discard_ratio: float, head_fusion: str) -> np.ndarray:
@@ -309,20 +331,21 @@ def pipeline(bench: Bench, items: set[str]) -> None:
         img = Image.open(PHOTO).convert("RGB")
         small = img.resize((224, 224))
         pixels = ((torch.from_numpy(np.asarray(small, np.float32) / 255).permute(2, 0, 1) - mean) / std)[None]
-        with torch.inference_mode():
-            attentions = hf(pixel_values=pixels, output_attentions=True).attentions
-        mask = jacobgil_rollout(list(attentions), params["discard_ratio"], params["head_fusion"])
+        with torch.inference_mode(), bench.amp():
+            attentions = hf(pixel_values=pixels.to(bench.device), output_attentions=True).attentions
+        # vit-explain's hook keeps each attention with .cpu(); float() because its rollout is fp32
+        mask = jacobgil_rollout([a.cpu().float() for a in attentions], params["discard_ratio"], params["head_fusion"])
         bgr = np.asarray(img)[:, :, ::-1]
         return show_mask_on_image(bgr, cv2.resize(mask, (bgr.shape[1], bgr.shape[0])))
 
-    def ours():
+    def ours():   # the session traces under bf16 autocast on CUDA by itself
         run = ModelRun(loaded, read_image(PHOTO, target_size=decode_side([loaded])))
         return run.map_view("rollout", **params)
 
     pixels = loaded.preprocess(Image.open(PHOTO).convert("RGB"))
     with torch.inference_mode():
         same_logits(loaded.model(pixels), hf(pixel_values=pixels).logits, "ViT-B/16 vs transformers")
-    t = timed({"vitviz": ours, "theirs": theirs}, repeats=bench.repeats)
+    t = bench.time({"vitviz": ours, "theirs": theirs})
     size = "x".join(map(str, Image.open(PHOTO).size))
     report(f"explain pipeline ViT-B/16 on one {size} photo: vitviz (read, trace, rollout, overlay) {t['vitviz']}, "
            f"transformers eager + vit-explain rollout + OpenCV overlay {t['theirs']}, "
@@ -344,18 +367,17 @@ def request(bench: Bench, items: set[str]) -> None:
         def click():
             keys.append(app.explain(photo, a, b)[0])
 
-        with torch.inference_mode():
-            t = timed({"request": click, "a": lambda: models[0].model(inputs[0]),
-                       "b": lambda: models[1].model(inputs[1])}, repeats=bench.repeats)
+        with torch.inference_mode(), bench.amp():
+            t = bench.time({"request": click, "a": lambda: models[0].model(inputs[0]),
+                            "b": lambda: models[1].model(inputs[1])})
         forwards = t["a"].median + t["b"].median
         if "request" in items:
             report(f"app request {megapixels:.0f} MP JPEG, {what}: request {t['request']}, plain forwards "
                    f"{_ms(t['a'].median)} + {_ms(t['b'].median)} ms, " + verdict("request", t["request"].median / forwards))
         if "rerender" in items:
             key = keys[-1]
-            r = timed({"layers": lambda: app.render_layers(key, 3, 2, 2, 0, None, "row"),
-                       "maps": lambda: app.render_maps(key, "viridis", "nearest", "heatmap", True)},
-                      repeats=bench.repeats)
+            r = bench.time({"layers": lambda: app.render_layers(key, 2, 1, 2, 0, None, "row"),
+                            "maps": lambda: app.render_maps(key, "viridis", "nearest", "heatmap", True)})
             for name, action in (("layers", "layer/head slider"), ("maps", "colour map")):
                 report(f"app re-render ({action}), {what}: {r[name]} vs request {_ms(t['request'].median)} ms, "
                        + verdict("rerender", r[name].median / t["request"].median))
@@ -375,7 +397,7 @@ def launched_app(bench: Bench, items: set[str]) -> None:
         client = Client(server.url, verbose=False, analytics_enabled=False,
                         download_files=str(bench.folder("app-downloads")))
         seconds = []
-        for i in range(APP_REQUESTS if "memory" in items else 1):
+        for i in range((3 if bench.quick else APP_REQUESTS) if "memory" in items else 1):
             t0 = time.perf_counter()
             client.predict(handle_file(str(bench.jpeg)), a, b, api_name="/explain")
             seconds.append(time.perf_counter() - t0)
@@ -408,23 +430,25 @@ def vit_flops(config, batch: int) -> float:
 
 
 def peak(bench: Bench, items: set[str]) -> None:
-    n = 512 if bench.quick else 2048
-    x, y = torch.randn(n, n), torch.randn(n, n)
-    best = min(timed({"mm": lambda: torch.mm(x, y)}, repeats=max(bench.repeats, 5) * 2)["mm"].seconds)
+    n = 512 if bench.quick else 8192 if bench.device.type == "cuda" else 2048
+    dtype = torch.bfloat16 if bench.autocast else torch.float32
+    x, y = (torch.randn(n, n, device=bench.device, dtype=dtype) for _ in range(2))
+    best = min(timed({"mm": lambda: torch.mm(x, y)}, repeats=max(bench.repeats, 5) * 2, warmup=bench.warmup)["mm"].seconds)
     gflops = 2 * n ** 3 / best / 1e9
     reference, loaded = bench.vit_base
     parts = []
-    for batch in (1, 8):
+    for batch in bench.batches:
         seconds = bench.results.get(("forward", "vit_base_patch16_224", batch))
         if seconds is None:
-            pixels = torch.randn(batch, 3, 224, 224)
-            with torch.inference_mode():
-                seconds = timed({"f": lambda: loaded.model(pixels)}, repeats=bench.repeats)["f"].median
+            pixels = torch.randn(batch, 3, 224, 224, device=bench.device)
+            with torch.inference_mode(), bench.amp():
+                seconds = bench.time({"f": lambda: loaded.model(pixels)})["f"].median
         work = vit_flops(loaded.model.config, batch) / 1e9
         parts.append(f"b{batch} {work:.1f} GFLOP in {_ms(seconds)} ms = {work / seconds:.0f} GFLOP/s, "
                      f"{work / seconds / gflops:.0%} of peak")
-    report(f"machine peak fp32 matmul {gflops:.0f} GFLOP/s ({n}x{n}, {torch.get_num_threads()} threads); "
-           f"vitviz ViT-B/16 forward (median): " + "; ".join(parts))
+    report(f"machine peak {'bf16' if bench.autocast else 'fp32'} matmul {gflops:.0f} GFLOP/s ({n}x{n}, "
+           f"{torch.cuda.get_device_name() if bench.device.type == 'cuda' else f'{torch.get_num_threads()} threads'}); "
+           f"vitviz vit_base_patch16_224 forward (median): " + "; ".join(parts))
 
 
 # ---- main ---------------------------------------------------------------------------------------------------
@@ -434,17 +458,28 @@ def main(argv=None) -> None:
     p.add_argument("--quick", action="store_true", help="tiny models and images, few repeats (a smoke test)")
     p.add_argument("--only", nargs="+", choices=ITEMS, metavar="ITEM", help=f"some of: {' '.join(ITEMS)}")
     p.add_argument("--repeats", type=int, default=None, help="timed rounds per measurement (default 7; 2 quick)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--autocast", action="store_true", help="bf16 autocast around every timed forward (GPU runs)")
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 8], help="batch sizes of items 1-3 and 9")
     args = p.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: this machine has no CUDA device")
+    if args.threads:
+        torch.set_num_threads(args.threads)
     items = set(args.only or ITEMS)
     repeats = args.repeats or (2 if args.quick else 7)
     if repeats < 1:
         p.error("--repeats must be at least 1")
     training = subprocess.run(["pgrep", "-f", "vitviz.train"], capture_output=True, text=True).stdout.split()
-    report(f"vitviz benchmark: torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, "
+    report(f"vitviz benchmark: torch {torch.__version__}, {args.device}"
+           f"{' (' + torch.cuda.get_device_name() + ')' if args.device == 'cuda' else ''}"
+           f"{', bf16 autocast' if args.autocast else ''}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, "
            f"repeats {repeats}{', quick (tiny models)' if args.quick else ''}"
            f"{f', {len(training)} training processes running (numbers slowed)' if training else ''}")
     with tempfile.TemporaryDirectory(prefix="vitviz-bench-") as tmp:
-        bench = Bench(quick=args.quick, repeats=repeats, tmp=Path(tmp))
+        bench = Bench(quick=args.quick, repeats=repeats, tmp=Path(tmp), device=torch.device(args.device),
+                      autocast=args.autocast, batches=tuple(args.batches))
         steps = [({"forward", "traced"}, vit_forward), ({"cvt"}, cvt_forward), ({"pipeline"}, pipeline),
                  ({"request", "rerender"}, request), ({"coldstart", "memory"}, launched_app), ({"peak"}, peak)]
         for wanted, step in steps:

@@ -14,13 +14,11 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-import torch
 from tqdm import tqdm
 
 from . import catalog, explain, hub, render
 from .export import image_files, manifest, png_bytes, safe_name, write_atomic, write_manifest, MANIFEST
-from .image import ImageError, SUPPORTED, read_image
+from .image import ImageError, read_image
 from .session import METHODS, decode_side, explain_images
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp", ".tif", ".tiff", ".avif"}

@@ -242,11 +242,13 @@ class ModelRun:
         return render.caption(view, model=self.name, method="token norms", layer=layer + 1)
 
 
-def decode_side(models: Sequence) -> int:
-    """The shorter side a large JPEG may be reduced to while decoding: enough for every model's resize
-    and for the views, which are drawn at most `MAX_SIDE` px on the long side."""
+def decode_side(models: Sequence) -> tuple[int, int]:
+    """(h, w) a large JPEG may be reduced to while decoding (`read_image`'s target_size): every model's
+    resize on the height, `MAX_SIDE` px on the width for the views, which are drawn at most MAX_SIDE px
+    on the long side. Exact for landscape photos (a 12 MP 4:3 one decodes at 1/4, where a square
+    target would force 1/2); portrait ones decode larger than needed, never smaller."""
     sides = [max(m.transform.resize) if isinstance(m.transform.resize, tuple) else m.transform.resize for m in models]
-    return max([MAX_SIDE, *sides])
+    return max(sides), max([MAX_SIDE, *sides])
 
 
 def explain_image(image: Image.Image, models: Sequence) -> list[ModelRun]:

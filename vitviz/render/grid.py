@@ -28,10 +28,10 @@ def prefix_legend(prefix_kinds: tuple[str, ...], grid: tuple[int, int]) -> str:
 def _dimmed(canvas: Canvas, field: Field) -> np.ndarray:
     def build():
         out = canvas.shaded(field).copy()
-        seen = canvas.seen(field)
+        seen = canvas.seen_slices(field)
         out[seen] = (out[seen] * GRID_DIM).astype(np.uint8)
         return out
-    return canvas.cached(("dimmed", field), build)
+    return canvas.cached(("dimmed", canvas.frame.seen_box(field)), build)
 
 
 def _box(canvas: Canvas, field: Field, i: int, j: int) -> tuple[int, int, int, int]:

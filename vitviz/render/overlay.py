@@ -69,16 +69,19 @@ def overlay(canvas: Canvas, token_map, *, field: Field | int | None = None, mode
     field = canvas.field(field, grid=values.shape)
     vmin = float(values.min()) if vmin is None else vmin
     vmax = float(values.max()) if vmax is None else vmax
-    unit = normalise(canvas.sample(values, field, mode=mode), vmin, vmax)
+    seen = canvas.seen_slices(field)   # colour is drawn only there: the rest is the shaded base
+    unit = normalise(canvas.sample(values, field, mode=mode)[seen], vmin, vmax)
+    image = np.ascontiguousarray(canvas.image[seen])
     if style == "heatmap":
         if not 0.0 <= alpha <= 1.0:
             raise ValueError(f"alpha must be in [0, 1], got {alpha}")
-        drawn = cv2.addWeighted(canvas.image, 1 - alpha, colorize(unit, cmap), alpha, 0)
+        drawn = cv2.addWeighted(image, 1 - alpha, colorize(unit, cmap), alpha, 0)
     elif style == "mask":
-        drawn = cv2.multiply(canvas.image, cv2.merge([unit] * 3), dtype=cv2.CV_8U)
+        drawn = cv2.multiply(image, cv2.merge([unit] * 3), dtype=cv2.CV_8U)
     else:
         raise ValueError(f"style must be 'heatmap' or 'mask', not {style!r}")
-    out = np.where(canvas.seen(field)[..., None], drawn, canvas.shaded(field))
+    out = canvas.shaded(field).copy()
+    out[seen] = drawn
     if point is not None:
         mark_point(out, point, canvas.ink)
     return out

@@ -1,0 +1,41 @@
+"""The benchmark runs end to end on tiny models and prints every measurement it promises (issue 8).
+
+No timing is asserted: the numbers depend on the machine. What is checked is that each item's line
+is there, once, in the format the README documents, with a ratio and a verdict where a target exists.
+"""
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TIMES = r"[\d.]+ / [\d.]+ / [\d.]+ ms"
+RATIO = r"ratio [\d.]+ \(target <= [\d.]+\) (OK|MISSED)"
+EXPECTED = {   # line start -> the rest of it; one line each
+    **{f"vit forward b{b} {shape}": rf": vitviz {TIMES}, timm {TIMES}, {RATIO}$"
+       for shape in ("vit_small_patch16_224", "vit_base_patch16_224") for b in (1, 8)},
+    **{f"vit traced b{b} {shape}": rf": vitviz trace {TIMES}, timm plain {TIMES}, {RATIO}$"
+       for shape in ("vit_small_patch16_224", "vit_base_patch16_224") for b in (1, 8)},
+    **{f"cvt forward b{b} CvT-13": rf": vitviz {TIMES}, transformers {TIMES}, {RATIO}$" for b in (1, 8)},
+    "explain pipeline ViT-B/16": rf"vitviz .* {TIMES}, transformers eager .* {TIMES}, {RATIO}$",
+    "app request 1 MP JPEG, ImageNet pair": rf": request {TIMES}, plain forwards [\d.]+ \+ [\d.]+ ms, {RATIO}$",
+    "app request 1 MP JPEG, stand-ins": rf": request {TIMES}, plain forwards [\d.]+ \+ [\d.]+ ms, {RATIO}$",
+    **{f"app re-render ({action}), {pair}": rf": {TIMES} vs request [\d.]+ ms, {RATIO}$"
+       for pair in ("ImageNet pair", "stand-ins") for action in ("layer/head slider", "colour map")},
+    "cold start python app.py": r": first page [\d.]+ s, first answered request [\d.]+ s",
+    "app memory, ImageNet pair, after": r"RSS [\d.]+ GiB, peak RSS [\d.]+ GiB",
+    "machine peak fp32 matmul": r"[\d.]+ GFLOP/s .* b1 [\d.]+ GFLOP in [\d.]+ ms = [\d.]+ GFLOP/s, \d+% of peak",
+}
+
+
+def test_quick_benchmark_prints_every_measurement_line_with_its_ratio_and_verdict(tmp_path):
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench.py"), "--quick", "--threads", "1"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("vitviz benchmark: torch ")
+    for prefix, pattern in EXPECTED.items():
+        matching = [line for line in lines if line.startswith(prefix)]
+        assert len(matching) == 1, f"{prefix!r}: {len(matching)} lines in\n{done.stdout}"
+        assert re.search(pattern, matching[0]), f"{matching[0]!r} does not match {pattern!r}"
+    assert len(lines) == 1 + len(EXPECTED), done.stdout

@@ -1,0 +1,88 @@
+"""The bundled CIFAR-10 checkpoints: offline, as accurate as their model cards say, and reproducible
+by the training entry point."""
+import json
+import re
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+import vitviz
+from vitviz import catalog
+from vitviz.hub import clear_cache
+from vitviz.train import load_cifar10
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data" / "cifar10_jpeg.npz"
+CARDS = ROOT / "checkpoints" / "README.md"
+
+
+def cifar10(split: str, limit: int):
+    if not DATA.is_file():
+        pytest.fail(f"CIFAR-10 data not found: expected {DATA} (the team's shared data folder beside the repo)")
+    return load_cifar10(DATA, split, limit)
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Any attempt to open a connection fails the test."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"a bundled model tried to use the network: {args}")
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+
+
+def card_accuracy(name: str) -> float:
+    """The full-test-split accuracy the model card states for `name` (in percent)."""
+    match = re.search(rf"^\| `{name}` \| ([\d.]+) %", CARDS.read_text(), flags=re.M)
+    assert match, f"checkpoints/README.md has no accuracy row for {name}"
+    return float(match.group(1))
+
+
+@pytest.mark.parametrize("name", ["vit-cifar10", "cvt-cifar10"])
+def test_bundled_model_loads_offline_and_meets_its_model_card_on_1000_test_images(name, no_network):
+    clear_cache()
+    loaded = vitviz.load(name)
+    assert loaded.source.layout == "vitviz" and loaded.labels == tuple(json.loads(
+        (catalog.CATALOG[name].path / "config.json").read_text())["labels"])
+    images, labels, classes = cifar10("test", 1000)
+    assert list(loaded.labels) == classes   # the class names come from the data file
+    pixels = torch.cat([loaded.preprocess(Image.fromarray(im.permute(1, 2, 0).numpy())) for im in images])
+    with torch.inference_mode():
+        accuracy = (loaded.model(pixels).argmax(1) == labels).float().mean().item() * 100
+    stated = card_accuracy(name)
+    assert accuracy >= stated - 3, f"{name}: {accuracy:.1f}% on 1,000 test images, model card says {stated}%"
+
+
+def test_model_cards_state_what_the_checkpoints_measured():
+    for name in ("vit-cifar10", "cvt-cifar10"):
+        config = json.loads((catalog.CATALOG[name].path / "config.json").read_text())
+        assert card_accuracy(name) == pytest.approx(config["metrics"]["test_acc"] * 100, abs=0.05)
+        assert config["metrics"]["test_images"] == 10_000
+
+
+@pytest.mark.parametrize("name", ["vit-cifar10", "cvt-cifar10"])
+def test_bundled_weights_are_small_enough_for_a_space_and_load_back_as_fp32(name):
+    folder = catalog.CATALOG[name].path
+    assert (folder / "model.safetensors").stat().st_size < 10 * 2**20
+    assert all(p.dtype == torch.float32 for p in vitviz.load(name).model.parameters())
+
+
+@pytest.mark.parametrize("arch", ["vit-micro", "cvt-micro"])
+def test_one_epoch_of_training_writes_a_loadable_checkpoint_and_resumes(arch, tmp_path):
+    from vitviz.train import main
+    out = tmp_path / arch
+    args = ["--arch", arch, "--data", str(DATA), "--out", str(out), "--epochs", "1", "--limit-train", "256",
+            "--limit-test", "100", "--batch-size", "64", "--threads", "1"]
+    cifar10("test", 1)   # fails with a clear message when the data is missing
+    main(args)
+    log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in log] == [1] and 0 <= log[0]["test_acc"] <= 1
+    loaded = vitviz.load(str(out))
+    assert loaded.labels[:2] == ("airplane", "automobile") and loaded.model(torch.zeros(1, 3, 32, 32)).shape == (1, 10)
+    main([*args, "--epochs", "2", "--resume"])   # one more epoch, from the saved state (the last --epochs wins)
+    assert [json.loads(line)["epoch"] for line in (out / "log.jsonl").read_text().splitlines()] == [1, 2]
