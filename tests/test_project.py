@@ -19,3 +19,11 @@ def test_readme_has_exactly_two_setup_commands_one_for_the_app_and_one_for_the_t
 def test_ci_runs_the_readmes_test_command_verbatim():
     ci_lines = (ROOT / ".ci" / "run").read_text().splitlines()
     assert readme_commands()[1] in ci_lines
+
+
+def test_space_front_matter_lists_the_catalogs_hub_repos():
+    from vitviz import catalog
+    front = (ROOT / "README.md").read_text().split("---")[1]
+    listed = re.findall(r"^  - (\S+)$", front, flags=re.M)
+    assert listed == [e.source for e in catalog.CATALOG.values() if not e.bundled]
+    assert 'python_version: "3.11"' in front and "app_file: app.py" in front and "sdk: gradio" in front
