@@ -34,3 +34,13 @@ def hub() -> FakeHub:
 def pytest_sessionfinish(session, exitstatus):
     HUB.stop()
     shutil.rmtree(HF_HOME, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Small models on a shared 2-core machine: a second intra-op thread mostly spin-waits for a busy core."""
+    import torch
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -27,13 +27,7 @@ VIT_STD = 0.05   # large enough for peaked attention, small enough that float32 
 CVT_STD = 0.1    # CvT's width-wide attention scale needs larger q/k weights to leave near-uniform attention
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Small models on a shared 2-core box: a second intra-op thread mostly spin-waits for a busy core."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def perturb_(model: nn.Module, *, std: float) -> nn.Module:

@@ -13,13 +13,7 @@ from vitviz.preprocess import Transform
 MEAN, STD = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Tiny models: threads only contend (the CPUs here are shared)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def blocks_image(h: int, w: int, *, block=(11, 13), seed=0, low=0) -> np.ndarray:
