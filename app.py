@@ -6,6 +6,7 @@ every computation is a vitviz call (load, read_image, explain_image, the runs' v
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import tempfile
 import uuid
@@ -363,6 +364,20 @@ def build() -> gr.Blocks:
     return demo
 
 
+def fewer_malloc_arenas(arenas: int = 2) -> None:
+    """glibc gives each thread its own heap (up to 8 per core) and never reuses memory freed in one for
+    another: with Gradio's worker threads loading, evicting and reloading models, the server's RSS kept
+    growing (by ~200 MB over 300 requests). Two heaps keep it flat, as MALLOC_ARENA_MAX=2 does, which
+    wins if set. Without glibc (macOS, Windows, musl) this does nothing."""
+    if "MALLOC_ARENA_MAX" in os.environ:
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-8, arenas)   # -8: M_ARENA_MAX
+    except (OSError, AttributeError):
+        pass
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--vit", help="left model (catalog name, Hub id, or a local folder you allow)")
@@ -372,6 +387,7 @@ def main(argv=None) -> None:
         if getattr(args, side):
             DEFAULTS[side] = getattr(args, side)
             LOCAL_ALLOWED.add(getattr(args, side))
+    fewer_malloc_arenas()
     demo = build()
     demo.queue(default_concurrency_limit=MODEL_GATE.slots, max_size=256)
     demo.launch(max_file_size=MAX_UPLOAD_BYTES, show_error=True)

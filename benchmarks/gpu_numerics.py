@@ -11,9 +11,10 @@ tests/test_models.py. The stated tolerances:
 - float32 on the device (TF32 off): logits within 1e-4 of the reference's there, relative to the
   largest logit; every attention map within 1e-4 of our CPU trace's; every map (rollout, gradient
   rollout, Chefer) within 1e-3 of the CPU's, relative to the map's maximum.
-- bf16 autocast: logits within 5% of the float32 reference's largest logit, same top-1 class;
-  attention probabilities within 0.03; the rollout map the app draws within 5% of the CPU's float32
-  map (relative to its maximum) and ranked alike (Spearman >= 0.98).
+- bf16 autocast: logits within 3% of the float32 reference's largest logit, same top-1 class;
+  attention probabilities within 0.03; the rollout map the app draws within 2% of the CPU's float32
+  map (relative to its maximum) and ranked alike (Spearman >= 0.99). bf16 autocast on the CPU gives
+  0.7-0.9%, 0.009, 0.3% and 0.9999 for these models: the bounds leave room for other kernels.
 """
 from __future__ import annotations
 
@@ -28,8 +29,9 @@ import torch
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "benchmarks")]
 
+from bench import CVT_13_PROCESSOR  # noqa: E402
 from test_models import CVT_STD, VIT_STD, cvt_pair, perturb_, vit_config_of  # noqa: E402
 
 from vitviz import session  # noqa: E402
@@ -39,10 +41,8 @@ from vitviz.preprocess import Transform  # noqa: E402
 
 DEVICE = torch.device(os.environ.get("VITVIZ_NUMERICS_DEVICE", "cuda"))
 PHOTO = ROOT / "assets" / "cat_chelsea.jpg"
-CVT_13_PROCESSOR = {"crop_pct": 0.875, "image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225],
-                    "resample": 3, "size": 224}
 FP32_LOGITS, FP32_ATTN, FP32_MAP = 1e-4, 1e-4, 1e-3
-BF16_LOGITS, BF16_ATTN, BF16_MAP, BF16_SPEARMAN = 0.05, 0.03, 0.05, 0.98
+BF16_LOGITS, BF16_ATTN, BF16_MAP, BF16_SPEARMAN = 0.03, 0.03, 0.02, 0.99
 
 pytestmark = pytest.mark.skipif(DEVICE.type == "cuda" and not torch.cuda.is_available(), reason="no CUDA device")
 
@@ -130,7 +130,8 @@ def test_bf16_autocast_logits_and_attention_stay_close_to_float32(family, image)
             fast, trace = mine(pixels).float(), mine.trace(pixels)
     error = relative_error(fast, exact)
     assert error <= BF16_LOGITS, f"bf16 logits off by {error:.3g} of the largest logit"
-    assert fast.argmax() == exact.argmax()
+    top2 = exact[0].topk(2).values
+    assert fast.argmax() == exact.argmax(), f"bf16 changed the top-1 class (float32 top-2 gap {top2[0] - top2[1]:.3g})"
     for i, (a, b) in enumerate(zip(trace.attentions, exact_trace.attentions)):
         error = (a.float() - b).abs().max().item()
         assert error <= BF16_ATTN, f"block {i}: bf16 attention off by {error:.3g}"

@@ -15,6 +15,7 @@ import socket
 import threading
 import time
 import uuid
+import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -42,6 +43,7 @@ PAIR = catalog.BUNDLED_PAIR
 ASSETS = sorted((ROOT / "assets").glob("*.jpg"))
 SLOTS = 2              # model passes the app may run at once (VITVIZ_MODEL_SLOTS)
 MODELS_KEPT = 3        # loaded models the app keeps (VITVIZ_CACHE_MODELS)
+SESSIONS = 16          # sessions (one click's traces and views each) the app keeps (VITVIZ_SESSIONS)
 FILE_TTL = 30          # seconds a file stays in the app's Gradio cache (VITVIZ_FILE_TTL); swept every FILE_TTL // 4
 ANSWER_S = 120         # no single request may take longer, however loaded the machine
 HUB_VIT = "test/reliability-vit"
@@ -148,7 +150,8 @@ def server(tmp_path_factory, relay, published):
     (tmp / "tmp").mkdir()
     app = launch(tmp, "--vit", str(vit), "--cvt", str(cvt), env={
         "HF_HUB_OFFLINE": None, "HF_ENDPOINT": relay.url, "VITVIZ_MODEL_SLOTS": str(SLOTS),
-        "VITVIZ_CACHE_MODELS": str(MODELS_KEPT), "VITVIZ_FILE_TTL": str(FILE_TTL), "TMPDIR": str(tmp / "tmp")})
+        "VITVIZ_CACHE_MODELS": str(MODELS_KEPT), "VITVIZ_SESSIONS": str(SESSIONS), "VITVIZ_FILE_TTL": str(FILE_TTL),
+        "TMPDIR": str(tmp / "tmp")})
     app.tmp = tmp
     yield app
     app.stop()
@@ -422,45 +425,53 @@ def test_a_hub_failure_is_told_the_bundled_models_keep_working_and_a_retry_later
 # ---- soak: 300 requests in a row ------------------------------------------------------------------------------------
 
 SOAK_REQUESTS = 300
-CYCLE = 5              # one explain, then re-renders of its results
-WARM_UP = 50           # requests before the memory baseline: every model loaded and evicted once
+RERENDERS = [          # after each explain, of its results: (endpoint, its arguments for the k-th explain)
+    ("/render_maps_on_cmap", lambda k: ("turbo" if k % 2 else "viridis", "nearest", "heatmap", k % 3 == 0)),
+    ("/render_layers_on_layer_a", lambda k: (1, k % 2, 1, 0, "row")),
+    ("/render_layers_on_head_b", lambda k: (1, 0, 1, k % 2, "row")),
+    ("/render_norms", lambda k: (1, 1)),   # every 10th explain: the zip download instead
+]
+CYCLE = 1 + len(RERENDERS)
+PAIRS = 5              # model pairs the soak takes turns with
+# requests before the memory baseline: the session store full (it keeps SESSIONS clicks' traces, and
+# the models they were made with) and every model loaded and evicted at least once
+WARM_UP = CYCLE * (SESSIONS + PAIRS)
 
 
 def test_300_requests_in_a_row_keep_memory_temp_files_and_the_model_cache_bounded(server, client, tmp_path):
     """Explains that switch between the bundled models, the owner's local folders and a Hub model (five
     models for three cache places, so models are evicted and loaded again), each followed by re-renders
-    (and every 10th by a zip download): RSS after warm-up grows by less than 100 MB, the model cache never
-    holds more than its bound, Gradio's cache folder keeps no file past its age limit, and no export
-    folder is left behind."""
+    (and every 10th by a zip download): RSS grows by less than 100 MB once the session store is full, the
+    model cache never holds more than its bound, Gradio's cache folder keeps no file past its age limit,
+    and no export folder is left behind."""
     vit, cvt = str(server.tmp / "micro-vit"), str(server.tmp / "micro-cvt")
     pairs = [PAIR, (vit, cvt), (HUB_VIT, PAIR[1]), (PAIR[0], cvt), (vit, PAIR[1])]
-    rerenders = [("/render_maps_on_cmap", lambda k: ("turbo" if k % 2 else "viridis", "nearest", "heatmap", k % 3 == 0)),
-                 ("/render_layers_on_layer_a", lambda k: (1, k % 2, 1, 0, "row")),
-                 ("/render_layers_on_head_b", lambda k: (1, 0, 1, k % 2, "row")),
-                 ("/render_norms", lambda k: (1, 1))]
+    assert len(pairs) == PAIRS
     gradio_cache = server.tmp / "gradio"
     examples = {p.name for p in ASSETS}
     start, before = time.monotonic(), stats(client)
-    requests, explains, rss = 0, 0, {}
+    requests, explains, rss, loaded = 0, 0, [], set()
     while requests < SOAK_REQUESTS:
         cycle = requests // CYCLE
         answer = explain(client, tiny_image(tmp_path, 100 + cycle), *pairs[cycle % len(pairs)])
         assert len(top5(answer[0])) == 5
         requests, explains = requests + 1, explains + 1
-        for api_name, args in rerenders[:CYCLE - 1]:
+        for api_name, args in RERENDERS:
             if cycle % 10 == 9 and api_name == "/render_norms":
-                zipped = call(client, ["rollout"], api_name="/download")
-                assert Path(zipped).stat().st_size > 0
+                with zipfile.ZipFile(call(client, ["rollout"], api_name="/download")) as archive:
+                    assert "manifest.json" in archive.namelist()
             else:
                 assert all(image_size(view)[0] >= 256 for view in call(client, *args(cycle), api_name=api_name)[:2])
             requests += 1
-        now = stats(client)
-        assert now["models_loaded"] <= MODELS_KEPT
-        if requests in (WARM_UP, SOAK_REQUESTS):
-            rss[requests] = server.rss_bytes()
+        loaded.add(stats(client)["models_loaded"])
+        if requests >= WARM_UP:
+            rss.append(server.rss_bytes())
     after = stats(client)
-    growth = rss[SOAK_REQUESTS] - rss[WARM_UP]
+    growth = rss[-1] - rss[0]
+    print(f"RSS after warm-up: {rss[0] / 1e6:.0f} MB, then up to {max(rss) / 1e6:.0f} MB, "
+          f"at the end {rss[-1] / 1e6:.0f} MB")
     assert growth < 100e6, f"RSS grew by {growth / 1e6:.0f} MB after warm-up"
+    assert max(loaded) == MODELS_KEPT   # full, never over: the five models took turns in three places
     assert after["model_passes"] - before["model_passes"] == 2 * explains   # re-renders never ran a model
     assert after["sessions"] <= after["sessions_max"]
     # the soak's first uploads and views must be old enough to have been swept

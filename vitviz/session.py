@@ -277,8 +277,8 @@ def agreement(a: ModelRun, b: ModelRun, map_a: np.ndarray, map_b: np.ndarray, *,
     step = max(1, max(h, w) // cells)
     ys, xs = np.mgrid[step // 2:h:step, step // 2:w:step]
     keep = seen[ys, xs]
-    va = a.canvas.sample(map_a, a.canvas.field(grid=map_a.shape))[ys, xs][keep]
-    vb = b.canvas.sample(map_b, b.canvas.field(grid=map_b.shape))[ys, xs][keep]
+    va = a.canvas.sample(map_a, a.canvas.field(grid=map_a.shape), at=(ys, xs))[keep]
+    vb = b.canvas.sample(map_b, b.canvas.field(grid=map_b.shape), at=(ys, xs))[keep]
     return spearman(va, vb)
 
 

@@ -78,8 +78,10 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.proj = nn.Linear(dim, dim)
 
-    def forward(self, x: Tensor, return_attn: bool = False) -> tuple[Tensor, Tensor | None]:
+    def forward(self, x: Tensor, return_attn: bool = False, queries: int | None = None) -> tuple[Tensor, Tensor | None]:
+        """queries: only the first that many tokens attend (all by default); every token is still a key."""
         q, k, v = rearrange(self.qkv(x), 'b n (three h d) -> three b h n d', three=3, h=self.heads)
+        q = q[:, :, :queries]
         if return_attn:
             attn = (q * self.scale @ k.transpose(-2, -1)).softmax(dim=-1)   # b h n n
             out = attn @ v
@@ -119,9 +121,10 @@ class Block(nn.Module):
         self.mlp = Mlp(dim=dim, hidden_dim=int(dim * mlp_ratio))
         self.ls2 = scale()
 
-    def forward(self, x: Tensor, return_attn: bool = False) -> tuple[Tensor, Tensor | None]:
-        out, attn = self.attn(self.norm1(x), return_attn)
-        x = x + self.ls1(out)
+    def forward(self, x: Tensor, return_attn: bool = False, queries: int | None = None) -> tuple[Tensor, Tensor | None]:
+        """queries: compute only the first that many tokens' outputs (all by default)."""
+        out, attn = self.attn(self.norm1(x), return_attn, queries)
+        x = x[:, :queries] + self.ls1(out)
         return x + self.ls2(self.mlp(self.norm2(x))), attn
 
 
@@ -189,8 +192,11 @@ class ViT(nn.Module):
 
     def forward(self, pixels: Tensor) -> Tensor:
         x, _ = self.embed(pixels)
-        for block in self.blocks:
-            x, _ = block(x)
+        # the head reads the class (and distillation) token alone unless it averages the grid, so the last
+        # block computes only those rows: about 6% of a ViT-B/16 forward that timm spends on discarded tokens
+        read = None if self.config.global_pool == "avg" else 1 + self.config.dist_token
+        for i, block in enumerate(self.blocks):
+            x, _ = block(x, queries=read if i == len(self.blocks) - 1 else None)
         return self.head_logits(self.norm(x))
 
     def trace(self, pixels: Tensor, *, grad: bool = False) -> Trace:

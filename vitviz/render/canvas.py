@@ -126,9 +126,12 @@ class Canvas:
         def build():
             h, w = self.size
             period = max(6, round(HATCH_PERIOD * max(h, w) / 512))
-            hatch = (np.add.outer(np.arange(h), np.arange(w)) % period) < max(1, period // 5)
-            out = (self.image * UNSEEN_DIM).astype(np.uint8)
-            np.copyto(out, out // 2 + 60, where=hatch[..., None])   # lighter lines, visible on black and on white
+            # diagonal lines: pixel (y, x) is on one where (x + y) % period is small, so row y is row 0 shifted by y
+            row = (np.arange(w + period) % period) < max(1, period // 5)
+            hatch = np.lib.stride_tricks.sliding_window_view(row, w)[np.arange(h) % period].view(np.uint8)
+            dark = (np.arange(256) * UNSEEN_DIM).astype(np.uint8)   # per-value tables: one lookup per pixel
+            out = cv2.LUT(self.image, dark)
+            cv2.copyTo(cv2.LUT(self.image, dark // 2 + 60), hatch, out)   # lighter lines, visible on any colour
             seen = self.seen_slices(field)
             out[seen] = self.image[seen]
             x0, y0, x1, y1 = self.frame.box_to_display(self.frame.seen_box(field))   # outline just outside
@@ -136,14 +139,18 @@ class Canvas:
             return out
         return self.cached(("shaded", self.frame.seen_box(field)), build)
 
-    def sample(self, values: np.ndarray, field: Field, *, mode: str = "bilinear") -> np.ndarray:
+    def sample(self, values: np.ndarray, field: Field, *, mode: str = "bilinear",
+               at: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
         """A token map (h w or h w c, float32) resampled to the display: token values sit at their
-        receptive-field centres; 'bilinear' interpolates between them, 'nearest' shows each token's cell."""
+        receptive-field centres; 'bilinear' interpolates between them, 'nearest' shows each token's cell.
+        `at` (rows, cols index arrays of one shape): only those display pixels, with the same values."""
         if mode not in ("bilinear", "nearest"):
             raise ValueError(f"mode must be 'bilinear' or 'nearest', not {mode!r}")
         if values.shape[:2] != field.grid:
             raise ValueError(f"token map of shape {values.shape[:2]} does not match the grid {field.grid}")
         map_x, map_y = self.cached(("remap", field), lambda: self._remap_tables(field))
+        if at is not None:
+            map_x, map_y = np.ascontiguousarray(map_x[at]), np.ascontiguousarray(map_y[at])
         flag = cv2.INTER_LINEAR if mode == "bilinear" else cv2.INTER_NEAREST
         return cv2.remap(np.ascontiguousarray(values, np.float32), map_x, map_y, flag, borderMode=cv2.BORDER_REPLICATE)
 
