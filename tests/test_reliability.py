@@ -468,6 +468,7 @@ def test_300_requests_in_a_row_keep_memory_temp_files_and_the_model_cache_bounde
             rss.append(server.rss_bytes())
     after = stats(client)
     growth = rss[-1] - rss[0]
+    print("CURVE", [round(r / 1e6) for r in rss])
     print(f"RSS after warm-up: {rss[0] / 1e6:.0f} MB, then up to {max(rss) / 1e6:.0f} MB, "
           f"at the end {rss[-1] / 1e6:.0f} MB")
     assert growth < 100e6, f"RSS grew by {growth / 1e6:.0f} MB after warm-up"
