@@ -6,16 +6,23 @@ every computation is a vitviz call (load, read_image, explain_image, the runs' v
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
+import functools
+import itertools
 import os
 import tempfile
+import threading
+import time
 import uuid
 from pathlib import Path
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import gradio as gr  # noqa: E402
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from PIL import Image  # noqa: E402
 from gradio.utils import get_upload_folder  # noqa: E402
 
 from vitviz import catalog, hub  # noqa: E402
@@ -39,6 +46,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 RUNS = RunStore(int(os.environ.get("VITVIZ_SESSIONS", "16")))
 # seconds an upload, a drawn view or a zip stays in Gradio's cache folder before it is deleted
 FILE_TTL = int(os.environ.get("VITVIZ_FILE_TTL", "3600"))
+VIEW_QUALITY = 90   # JPEG quality of the drawn views the page shows
 CMAPS = ["viridis", "inferno", "turbo", "magma"]
 DEFAULTS: dict[str, str] = {}   # filled by main(): the pair the page opens with
 LOCAL_ALLOWED: set[str] = set()  # local folders the server owner named on the command line
@@ -111,12 +119,18 @@ def explain(image, model_a, model_b, progress=gr.Progress()):
     key = RUNS.put(runs)
     progress(0.9, desc="drawing")
     a_map, b_map, compare = map_views(key, DEFAULT_CMAP, "bilinear", "heatmap", False)
-    layer = [gr.Slider(minimum=1, maximum=len(r.trace.blocks), value=len(r.trace.blocks), step=1) for r in runs]
+    layer = [layer_slider(len(r.trace.blocks)) for r in runs]
     heads = [gr.Slider(minimum=0, maximum=r.trace.blocks[-1].attn.shape[1], value=0, step=1) for r in runs]
     targets = [gr.Dropdown(choices=[(f"{p.label} ({p.prob:.0%})", p.index) for p in r.top(5)],
                            value=r.top(1)[0].index) for r in runs]
     return (key, top5(runs[0]), top5(runs[1]), a_map, b_map, runs[0].grid_views(), runs[1].grid_views(), compare,
-            layer[0], heads[0], layer[1], heads[1], targets[0], targets[1], None)
+            layer[0], heads[0], layer[1], heads[1], targets[0], targets[1], None, layer[0], layer[1])
+
+
+def layer_slider(depth: int) -> gr.Slider:
+    """A layer slider over a model's blocks, on its last one (Gradio has no slider over a single value:
+    a one-block model gets 1..2, locked at 1)."""
+    return gr.Slider(minimum=1, maximum=max(depth, 2), value=depth, step=1, interactive=depth > 1)
 
 
 def render_maps(key, cmap, mode, style, shared):
@@ -124,22 +138,44 @@ def render_maps(key, cmap, mode, style, shared):
     return map_views(key, cmap, mode, style, shared)
 
 
+def block_index(run, layer) -> int:
+    """A layer slider's 1-based number -> the block index, checked against this model's depth."""
+    depth = len(run.trace.blocks)
+    if not 1 <= int(layer) <= depth:
+        raise gr.Error(f"{run.name} has {depth} layer{'s' * (depth > 1)}: choose a layer from 1 to {depth}.")
+    return int(layer) - 1
+
+
+def head_index(run, block: int, head) -> int | None:
+    """A head slider's number (0 = the mean over heads) -> the head index, checked against the block."""
+    heads = run.trace.blocks[block].attn.shape[1]
+    if not 0 <= int(head) <= heads:
+        raise gr.Error(f"Layer {block + 1} of {run.name} has {heads} head{'s' * (heads > 1)}: choose a head "
+                       f"from 1 to {heads}, or 0 for their mean.")
+    return None if int(head) == 0 else int(head) - 1
+
+
 def render_layers(key, layer_a, head_a, layer_b, head_b, point, direction):
     """Per-layer, per-head attention (head 0 = the mean over heads), for the chosen token if any."""
     runs = kept_runs(key)
     if direction == "column" and point is None:
         raise gr.Error("Click a point on the input image to choose the token.")
-    return tuple(run.attention_view(layer=int(layer) - 1, head=None if int(head) == 0 else int(head) - 1,
-                                    point=run_point(run, point), direction=direction)
-                 for run, layer, head in zip(runs, (layer_a, layer_b), (head_a, head_b)))
+    views = []
+    for run, layer, head in zip(runs, (layer_a, layer_b), (head_a, head_b)):
+        block = block_index(run, layer)
+        views.append(run.attention_view(layer=block, head=head_index(run, block, head),
+                                        point=run_point(run, point), direction=direction))
+    return tuple(views)
 
 
 def run_point(run, point):
-    """A click in original-image pixels -> the run's display frame."""
+    """A click on the input image, in the pixels of the image the browser shows (the upload, upright) ->
+    the run's display frame. A large JPEG was decoded reduced, so the run's image can be smaller."""
     if point is None:
         return None
     h, w = run.canvas.size
-    return point[0] * w / run.image.width, point[1] * h / run.image.height
+    shown_w, shown_h = run.image.info.get("full_size", run.image.size)
+    return point[0] * w / shown_w, point[1] * h / shown_h
 
 
 def pick_point(key, layer_a, head_a, layer_b, head_b, direction, evt: gr.SelectData):
@@ -188,7 +224,7 @@ def render_faithfulness(key, method, steps):
 
 def render_norms(key, layer_a, layer_b):
     runs = kept_runs(key)
-    return tuple(run.norm_view(int(layer) - 1) for run, layer in zip(runs, (layer_a, layer_b)))
+    return tuple(run.norm_view(block_index(run, layer)) for run, layer in zip(runs, (layer_a, layer_b)))
 
 
 @gpu
@@ -239,8 +275,7 @@ def build() -> gr.Blocks:
     choices = list(catalog.CATALOG)
     model_events = dict(concurrency_id="model", concurrency_limit=MODEL_GATE.slots)
     instant = dict(concurrency_limit=None, show_progress="minimal")
-    with gr.Blocks(title="vitviz: see inside vision transformers", analytics_enabled=False,
-                   delete_cache=(max(1, FILE_TTL // 4), FILE_TTL)) as demo:
+    with gr.Blocks(title="vitviz: see inside vision transformers", analytics_enabled=False) as demo:
         gr.Markdown("# vitviz: see inside vision transformers\n"
                     "Upload a photo (or click an example), pick two models, press **Explain**. Each column shows "
                     "what one model predicted, where its attention flows (rollout: how much each image region "
@@ -331,37 +366,90 @@ def build() -> gr.Blocks:
                 export_run = gr.Button("Build the zip")
                 export_file = gr.File(label="results (PNG panels, .npy maps, manifest.json)")
 
-        run.click(explain, inputs=[image, model_a, model_b],
-                  outputs=[key, label_a, label_b, map_a, map_b, grid_a, grid_b, compare,
-                           layer_a, head_a, layer_b, head_b, target_a, target_b, point],
+        # every event that draws returns its views as files of its own (see as_files)
+        draw = {fn.__name__: as_files(fn) for fn in (explain, render_maps, render_layers, pick_point, render_gradients,
+                                                      render_stages, render_anatomy, render_faithfulness, render_norms)}
+        run.click(draw["explain"], inputs=[image, model_a, model_b],
+                  outputs=[key, label_a, label_b, map_a, map_b, grid_a, grid_b, compare, layer_a, head_a, layer_b,
+                           head_b, target_a, target_b, point, norm_layer_a, norm_layer_b],
                   api_name="explain", preprocess=False, **model_events).then(
-            render_layers, inputs=[key, layer_a, head_a, layer_b, head_b, point, direction],
+            draw["render_layers"], inputs=[key, layer_a, head_a, layer_b, head_b, point, direction],
             outputs=[attn_a, attn_b], api_name="render_layers_after_explain", **instant)
         for name, control in {"cmap": cmap, "mode": mode, "style": style, "shared": shared}.items():
-            control.change(render_maps, inputs=[key, cmap, mode, style, shared], outputs=[map_a, map_b, compare],
+            control.change(draw["render_maps"], inputs=[key, cmap, mode, style, shared], outputs=[map_a, map_b, compare],
                            api_name=f"render_maps_on_{name}", **instant)
         layer_inputs = [key, layer_a, head_a, layer_b, head_b, point, direction]
         for name, control in {"layer_a": layer_a, "head_a": head_a, "layer_b": layer_b, "head_b": head_b}.items():
-            control.release(render_layers, inputs=layer_inputs, outputs=[attn_a, attn_b],
+            control.release(draw["render_layers"], inputs=layer_inputs, outputs=[attn_a, attn_b],
                             api_name=f"render_layers_on_{name}", **instant)
-        direction.change(render_layers, inputs=layer_inputs, outputs=[attn_a, attn_b],
+        direction.change(draw["render_layers"], inputs=layer_inputs, outputs=[attn_a, attn_b],
                          api_name="render_layers_on_direction", **instant)
-        image.select(pick_point, inputs=[key, layer_a, head_a, layer_b, head_b, direction],
+        image.select(draw["pick_point"], inputs=[key, layer_a, head_a, layer_b, head_b, direction],
                      outputs=[point, attn_a, attn_b, grid_a, grid_b], api_name="pick_point", **instant)
-        grad_run.click(render_gradients, inputs=[key, method, target_a, target_b], outputs=[grad_a, grad_b],
+        grad_run.click(draw["render_gradients"], inputs=[key, method, target_a, target_b], outputs=[grad_a, grad_b],
                        api_name="render_gradients", **model_events)
-        stages_tab.select(render_stages, inputs=[key], outputs=[stages_a, stages_b], api_name="render_stages",
+        stages_tab.select(draw["render_stages"], inputs=[key], outputs=[stages_a, stages_b], api_name="render_stages",
                           **instant)
-        anatomy_tab.select(render_anatomy, inputs=[key], outputs=[filters_a, filters_b, pos_a, pos_b, distance],
+        anatomy_tab.select(draw["render_anatomy"], inputs=[key], outputs=[filters_a, filters_b, pos_a, pos_b, distance],
                            api_name="render_anatomy", **instant)
-        faith_run.click(render_faithfulness, inputs=[key, faith_method, steps], outputs=[faith_a, faith_b],
+        faith_run.click(draw["render_faithfulness"], inputs=[key, faith_method, steps], outputs=[faith_a, faith_b],
                         api_name="render_faithfulness", **model_events)
-        norms_run.click(render_norms, inputs=[key, norm_layer_a, norm_layer_b], outputs=[norms_a, norms_b],
+        norms_run.click(draw["render_norms"], inputs=[key, norm_layer_a, norm_layer_b], outputs=[norms_a, norms_b],
                         api_name="render_norms", **instant)
         export_run.click(download, inputs=[key, export_methods], outputs=[export_file], api_name="download",
                          **model_events)
         gr.api(stats, api_name="stats", concurrency_limit=None)
     return demo
+
+
+def as_files(fn):
+    """`fn` with the views it draws (arrays, alone or in a gallery's list) returned as JPEG files of their
+    own in Gradio's cache folder, which the sweeper deletes after FILE_TTL. Left to Gradio, an array is
+    encoded as WebP (80-240 ms a request here, against 1-2 ms for JPEG) into a file named by its content
+    and rewritten in place: two people given the same picture at once share that file, and one request
+    rewrites it while the other's browser reads it."""
+    @functools.wraps(fn)   # Gradio reads the signature for gr.Progress and gr.SelectData
+    def with_files(*args, **kwargs):
+        folder = Path(get_upload_folder()) / f"vitviz-{uuid.uuid4().hex}"
+        numbers = itertools.count()
+
+        def saved(value):
+            if isinstance(value, np.ndarray):
+                folder.mkdir(parents=True, exist_ok=True)
+                path = folder / f"view-{next(numbers)}.jpg"
+                Image.fromarray(value).save(path, quality=VIEW_QUALITY)
+                return str(path)
+            return [saved(v) for v in value] if isinstance(value, list) else value
+
+        outputs = fn(*args, **kwargs)
+        return tuple(saved(v) for v in outputs) if isinstance(outputs, tuple) else saved(outputs)
+    return with_files
+
+
+def sweep_files(demo: gr.Blocks, *, age: float) -> None:
+    """Every age/4 s, delete the files this app put in Gradio's cache folder (uploads, drawn views, zips)
+    once they are `age` s old; the example photos stay. Gradio's own `delete_cache` does the same, but its
+    sweeper stops for good the first time a request adds a file while it sweeps ('Set changed size during
+    iteration', Gradio 6.31); this one sweeps copies of the file lists."""
+    def sweep_forever():
+        while True:
+            time.sleep(age / 4)
+            keep = set().union(*(getattr(block, "keep_in_cache", set()) for block in demo.blocks.values()))
+            for files in demo.temp_file_sets:   # Gradio's record of what this app wrote
+                for path in files.copy() - keep:
+                    try:
+                        if time.time() - os.lstat(path).st_ctime < age:
+                            continue
+                        os.remove(path)
+                    except FileNotFoundError:
+                        pass
+                    except OSError:   # not ours to delete after all: try again next time
+                        continue
+                    files.discard(path)
+                    with contextlib.suppress(OSError):   # the folder Gradio made for it, unless another file is there
+                        os.rmdir(os.path.dirname(path))
+
+    threading.Thread(target=sweep_forever, daemon=True, name="vitviz-sweep-files").start()
 
 
 def fewer_malloc_arenas(arenas: int = 2) -> None:
@@ -389,6 +477,7 @@ def main(argv=None) -> None:
             LOCAL_ALLOWED.add(getattr(args, side))
     fewer_malloc_arenas()
     demo = build()
+    sweep_files(demo, age=FILE_TTL)
     demo.queue(default_concurrency_limit=MODEL_GATE.slots, max_size=256)
     demo.launch(max_file_size=MAX_UPLOAD_BYTES, show_error=True)
 

@@ -1,8 +1,10 @@
 """vitviz against its peers on the same weights, in one run, as ratios (they survive a noisy machine).
 
-    .venv/bin/python benchmarks/bench.py                     # everything (CPU: about 6 minutes)
+    .venv/bin/python benchmarks/bench.py                     # everything (2-core CPU: about 5 minutes)
     .venv/bin/python benchmarks/bench.py --only forward cvt  # some items
+    .venv/bin/python benchmarks/bench.py --threads 1 --clock cpu   # a shared machine: CPU time of one thread
     .venv/bin/python benchmarks/bench.py --quick             # tiny models, few repeats (the smoke test)
+    .venv/bin/python benchmarks/bench.py --device cuda --autocast --batches 1 32   # a GPU (gpu_check.sh)
 
 Items (issue 8): forward (1), cvt (2), traced (3), pipeline (4), request (5), rerender (6),
 coldstart (7), memory (8), peak (9). Every time is min / median / max over `--repeats` rounds after
@@ -229,8 +231,8 @@ def vit_forward(bench: Bench, items: set[str]) -> None:
             with torch.inference_mode():
                 same_logits(loaded.model(pixels), reference(pixels), shape)
                 with bench.amp():
-                    t = bench.time({"vitviz": lambda: loaded.model(pixels), "traced": lambda: loaded.model.trace(pixels),
-                                    "timm": lambda: reference(pixels)})
+                    t = bench.time({"vitviz": lambda: loaded.model(pixels),
+                                    "traced": lambda: loaded.model.trace(pixels), "timm": lambda: reference(pixels)})
             bench.results[("forward", shape, batch)] = t["vitviz"].median
             if "forward" in items:
                 report(f"vit forward b{batch} {shape}: vitviz {t['vitviz']}, timm {t['timm']}, "
@@ -373,10 +375,12 @@ def request(bench: Bench, items: set[str]) -> None:
         def click():
             keys.append(app.explain(photo, a, b)[0])
 
-        with torch.inference_mode(), bench.amp():
-            t = bench.time({"request": click, "a": lambda: models[0].model(inputs[0]),
-                            "b": lambda: models[1].model(inputs[1]),
-                            "decode": lambda: read_image(bench.jpeg, target_size=decode_side(models))})
+        def forward(i: int):
+            with torch.inference_mode(), bench.amp():   # the request runs as the server runs it, bare
+                return models[i].model(inputs[i])
+
+        t = bench.time({"request": click, "a": lambda: forward(0), "b": lambda: forward(1),
+                        "decode": lambda: read_image(bench.jpeg, target_size=decode_side(models))})
         forwards = t["a"].median + t["b"].median
         decoded = read_image(bench.jpeg, target_size=decode_side(models)).size
         if "request" in items:
@@ -414,7 +418,8 @@ def launched_app(bench: Bench, items: set[str]) -> None:
                 first = time.perf_counter() - start
             if "memory" not in items:
                 break
-        status = dict(line.split(":", 1) for line in Path(f"/proc/{server.process.pid}/status").read_text().splitlines())
+        status = Path(f"/proc/{server.process.pid}/status").read_text().splitlines()
+        status = dict(line.split(":", 1) for line in status)
     finally:
         server.stop()
     if "coldstart" in items:

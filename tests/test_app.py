@@ -42,6 +42,54 @@ def test_explain_returns_predictions_maps_and_grids_for_both_models(clicked):
     assert "rank correlation" in compare
     layer_a, layer_b = clicked[8], clicked[10]
     assert layer_a.maximum == 7 and layer_b.maximum == 9   # the bundled ViT's 7 blocks; CvT's 1 + 2 + 6
+    norm_a, norm_b = clicked[15:17]
+    assert (norm_a.maximum, norm_a.value, norm_b.maximum, norm_b.value) == (7, 7, 9, 9)
+
+
+def test_a_layer_or_head_the_model_lacks_is_refused_in_words(clicked):
+    key = clicked[0]
+    with pytest.raises(gr.Error, match="vit-cifar10 has 7 layers: choose a layer from 1 to 7"):
+        app.render_layers(key, 12, 0, 1, 0, None, "row")
+    with pytest.raises(gr.Error, match="cvt-cifar10 has 9 layers"):
+        app.render_norms(key, 7, 0)
+    with pytest.raises(gr.Error, match="Layer 2 of cvt-cifar10 has 2 heads: choose a head from 1 to 2, or 0"):
+        app.render_layers(key, 1, 0, 2, 3, None, "row")
+    one_block = app.layer_slider(1)   # Gradio has no slider over one value
+    assert (one_block.minimum, one_block.maximum, one_block.value, one_block.interactive) == (1, 2, 1, False)
+
+
+@pytest.mark.parametrize("orientation", [1, 6], ids=["upright", "stored on its side"])
+def test_a_click_on_a_large_photo_lands_on_the_token_under_it(tmp_path, orientation):
+    """A 12 MP JPEG is decoded reduced; clicks come in the pixels of the photo the browser shows."""
+    big = Image.open(PHOTO).resize((4000, 3000))
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    if orientation == 6:
+        big = big.transpose(Image.Transpose.ROTATE_90)   # stored sideways: shown 4000 wide again
+    big.save(tmp_path / "big.jpg", quality=90, exif=exif.tobytes())
+    key = app.explain({"path": str(tmp_path / "big.jpg")}, *PAIR)[0]
+    for run in app.RUNS.get(key):
+        assert run.image.width < 4000   # decoded reduced
+        h, w = run.canvas.size
+        assert app.run_point(run, (4000, 3000)) == pytest.approx((w, h))
+        assert app.run_point(run, (1000, 1500)) == pytest.approx((w / 4, h / 2))
+
+
+def test_views_reach_the_page_as_files_of_their_own(clicked):
+    """Two identical answers never share a file (one request would rewrite what another's browser reads)."""
+    from gradio.utils import get_upload_folder
+    render = app.as_files(app.render_maps)
+    first, second = render(clicked[0], "inferno", "bilinear", "heatmap", False), \
+        render(clicked[0], "inferno", "bilinear", "heatmap", False)
+    drawn = app.render_maps(clicked[0], "inferno", "bilinear", "heatmap", False)
+    for a, b, array in zip(first[:2], second[:2], drawn[:2]):
+        assert a != b and Path(a).is_relative_to(get_upload_folder()) and a.endswith(".jpg")
+        for path in (a, b):
+            decoded = np.asarray(Image.open(path)).astype(int)
+            assert decoded.shape == array.shape and np.abs(decoded - array).mean() < 3   # JPEG, quality 90
+    assert first[2] == second[2] == drawn[2]   # text passes through
+    stages = app.as_files(app.render_stages)(clicked[0])
+    assert all(isinstance(path, str) and Path(path).is_file() for gallery in stages for path in gallery)
 
 
 def test_rerenders_reuse_the_kept_trace_and_never_run_a_model(clicked, monkeypatch):

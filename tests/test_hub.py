@@ -8,11 +8,13 @@ Every test gets its own Hugging Face cache folder, so what one test downloads no
 from __future__ import annotations
 
 import contextlib
+import gc
 import hashlib
 import json
 import re
 import threading
 import time
+import weakref
 
 import pytest
 import torch
@@ -446,6 +448,26 @@ def test_loaded_models_are_kept_least_recently_used_first_within_count_and_bytes
     monkeypatch.setattr(vhub.CACHE, "max_bytes", first_a.nbytes // 2)
     assert vitviz.load(c, device="cpu").labels == ("x", "y")   # too big to keep: returned, not cached,
     assert vhub.CACHE.names() == []                            # and b no longer fits either
+
+
+def test_a_model_dropped_from_the_cache_but_still_in_use_is_handed_out_again_not_loaded_twice(tmp_path, monkeypatch):
+    """The app's kept sessions hold their models: a second copy beside the first would only grow memory."""
+    for name in "ab":
+        model = ViT(ViTConfig(img_size=(32, 32), patch_size=8, num_classes=2, embed_dim=32, depth=1, num_heads=2))
+        save_bundle(tmp_path / name, model, transform=Transform(crop=(32, 32), resize=32, mean=IMAGENET_MEAN,
+                                                                std=IMAGENET_STD), labels=["x", "y"])
+    monkeypatch.setattr(vhub.CACHE, "max_models", 1)
+    in_use = vitviz.load(str(tmp_path / "a"), device="cpu")
+    vitviz.load(str(tmp_path / "b"), device="cpu")
+    assert vhub.CACHE.names() == ["b"]                                    # a was dropped ...
+    assert vitviz.load(str(tmp_path / "a"), device="cpu") is in_use      # ... but is still the one in use
+    assert vhub.CACHE.names() == ["a"]
+    held = weakref.ref(in_use)
+    del in_use
+    vitviz.load(str(tmp_path / "b"), device="cpu")
+    gc.collect()
+    assert held() is None                                                 # nobody holds a now: it is gone
+    assert vitviz.load(str(tmp_path / "a"), device="cpu").labels == ("x", "y")   # and is read again
 
 
 # ---- the catalog ---------------------------------------------------------------------------------------------

@@ -355,6 +355,7 @@ def photo_4000x3000() -> bytes:
 def test_large_jpeg_decodes_reduced_but_never_below_target(photo_4000x3000, target_size, expected):
     image = read_image(photo_4000x3000, target_size=target_size)
     assert image.size == expected and image.mode == "RGB"
+    assert image.info["full_size"] == (4000, 3000)   # what the browser shows, where clicks land
 
 
 def test_reduced_decode_is_close_to_full_decode_then_resize(photo_4000x3000):
@@ -374,6 +375,7 @@ def test_reduced_decode_of_a_sideways_photo_reduces_its_stored_sides():
     sideways = encoded(quadrants(1600, 800), "JPEG", exif=exif.tobytes())
     image = read_image(sideways, target_size=(400, 200))    # shown (h, w) must stay >= (400, 200)
     assert image.size == (200, 400)           # 1/4 of each side; matching unswapped sides only allows 1/2
+    assert image.info["full_size"] == (800, 1600)
 
 
 def test_wrong_calls_raise_value_or_type_error_not_image_error():

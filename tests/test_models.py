@@ -323,6 +323,16 @@ def test_cvt_presets_equal_the_published_transformers_configs(stages, depth, con
     assert CvTConfig(stages=stages) == CvTConfig.from_transformers(published)
 
 
+@pytest.mark.parametrize("keep", [("id2label",), ("num_labels",), ()], ids=["id2label", "num_labels", "neither"])
+def test_cvt_class_count_is_read_as_transformers_reads_it(keep):
+    saved = CvtConfig(num_labels=7).to_dict()
+    for key in {"id2label", "label2id", "num_labels"} - set(keep):
+        saved.pop(key, None)
+    if keep == ("num_labels",):
+        saved["num_labels"] = 7
+    assert CvTConfig.from_transformers(saved).num_classes == CvtConfig.from_dict(saved).num_labels
+
+
 # ----------------------------------------------------------------------------------------- trace, both models
 
 def test_trace_is_the_fast_forward_for_both_models():

@@ -24,6 +24,7 @@ import os
 import pickle
 import re
 import threading
+import weakref
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from contextlib import contextmanager
@@ -188,11 +189,14 @@ class ModelCache:
     """Loaded models by (request, device), least recently used first, bounded by count and bytes.
 
     Loads of the same key wait for each other (one download, one copy in memory); different keys don't.
+    A model dropped from the cache but still held elsewhere (by a session the app keeps) is handed out
+    again instead of being loaded a second time beside it.
     """
 
     def __init__(self, *, max_models: int, max_bytes: int):
         self.max_models, self.max_bytes = max_models, max_bytes
         self._models: OrderedDict[tuple, LoadedModel] = OrderedDict()
+        self._alive: weakref.WeakValueDictionary[tuple, LoadedModel] = weakref.WeakValueDictionary()
         self._lock = threading.Lock()
         self._loading: dict[tuple, list] = {}   # key -> [lock, number of loads holding or waiting for it]
 
@@ -200,18 +204,27 @@ class ModelCache:
         with self._lock:
             if key in self._models:
                 self._models.move_to_end(key)
-            return self._models.get(key)
+                return self._models[key]
+            loaded = self._alive.get(key)
+        if loaded is not None:
+            self.put(key, loaded)
+        return loaded
 
     def put(self, key: tuple, loaded: LoadedModel) -> None:
         """Keep `loaded`, dropping the least recently used; a model above `max_bytes` alone isn't kept."""
         with self._lock:
+            self._alive[key] = loaded
             if loaded.nbytes <= self.max_bytes:
                 self._models[key] = loaded
-            while self._models and (len(self._models) > self.max_models or self.nbytes > self.max_bytes):
+            while self._models and (len(self._models) > self.max_models or self._nbytes() > self.max_bytes):
                 self._models.popitem(last=False)
 
     @property
     def nbytes(self) -> int:
+        with self._lock:
+            return self._nbytes()
+
+    def _nbytes(self) -> int:
         return sum(m.nbytes for m in self._models.values())
 
     def names(self) -> list[str]:
@@ -221,6 +234,7 @@ class ModelCache:
     def clear(self) -> None:
         with self._lock:
             self._models.clear()
+            self._alive.clear()
 
     @contextmanager
     def loading(self, key: tuple):

@@ -14,7 +14,9 @@
    slightly compared with a full decode (DCT-domain scaling instead of a resize from full size);
 5. normalises: EXIF orientation applied as the camera meant, first frame of an animation,
    transparency composited on `BACKGROUND`, 16-bit samples scaled to 8 bits (not clipped), CMYK,
-   grayscale and palette converted to RGB.
+   grayscale and palette converted to RGB. `info["full_size"]` keeps the (width, height) the photo
+   has upright at full size, as a browser shows it: where a click on the shown photo lands on a
+   reduced decode.
 Truncated or damaged files are refused with `ImageError`; PIL's global switches
 (`ImageFile.LOAD_TRUNCATED_IMAGES`, `Image.MAX_IMAGE_PIXELS`) are never changed.
 
@@ -90,12 +92,14 @@ def read_image(source: bytes | str | os.PathLike | Image.Image, *, max_bytes: in
         raise TypeError(f"read_image takes bytes, a path or a PIL image, not {type(source).__name__}")
     with _plain_errors(kind, max_pixels=max_pixels), Image.open(file, formats=_PIL_FORMATS[kind]) as image:
         _check_dimensions(*image.size, max_pixels=max_pixels)
+        on_its_side = image.getexif().get(ExifTags.Base.Orientation) in _ORIENTATIONS_SWAPPING_SIDES
+        full_size = image.size[::-1] if on_its_side else image.size
         if draft_hw is not None and kind == "JPEG":    # only libjpeg can decode reduced
-            h, w = draft_hw
-            if image.getexif().get(ExifTags.Base.Orientation) in _ORIENTATIONS_SWAPPING_SIDES:
-                h, w = w, h    # the file stores the photo on its side: reduce the stored sides accordingly
+            h, w = draft_hw[::-1] if on_its_side else draft_hw   # the stored sides are the upright ones swapped
             image.draft("RGB", (w, h))
-        return _to_rgb(image)
+        picture = _to_rgb(image)
+        picture.info["full_size"] = full_size
+        return picture
 
 
 def _draft_size(target_size: int | tuple[int, int] | None) -> tuple[int, int] | None:

@@ -72,7 +72,7 @@ class CvTConfig:
             patch_padding=hf["patch_padding"][i], mlp_ratio=hf["mlp_ratio"][i], qkv_bias=hf["qkv_bias"][i],
             cls_token=hf["cls_token"][i], kernel_qkv=hf["kernel_qkv"][i], padding_q=hf["padding_q"][i],
             stride_kv=hf["stride_kv"][i], padding_kv=hf["padding_kv"][i]) for i in range(n))
-        num_classes = len(hf["id2label"]) if "id2label" in hf else hf.get("num_labels", 1000)
+        num_classes = len(hf["id2label"]) if "id2label" in hf else hf.get("num_labels", 2)   # transformers' default
         return cls(stages=stages, in_chans=hf.get("num_channels", 3), num_classes=num_classes)
 
 

@@ -143,14 +143,19 @@ class Canvas:
                at: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
         """A token map (h w or h w c, float32) resampled to the display: token values sit at their
         receptive-field centres; 'bilinear' interpolates between them, 'nearest' shows each token's cell.
-        `at` (rows, cols index arrays of one shape): only those display pixels, with the same values."""
+        `at` (rows, cols): only those display pixels, with the same values: index arrays of one shape, or
+        slices (a rectangle, e.g. `seen_slices`; its resampling tables are kept)."""
         if mode not in ("bilinear", "nearest"):
             raise ValueError(f"mode must be 'bilinear' or 'nearest', not {mode!r}")
         if values.shape[:2] != field.grid:
             raise ValueError(f"token map of shape {values.shape[:2]} does not match the grid {field.grid}")
         map_x, map_y = self.cached(("remap", field), lambda: self._remap_tables(field))
         if at is not None:
-            map_x, map_y = np.ascontiguousarray(map_x[at]), np.ascontiguousarray(map_y[at])
+            def crop():
+                return np.ascontiguousarray(map_x[at]), np.ascontiguousarray(map_y[at])
+            rectangle = all(isinstance(i, slice) for i in at)
+            map_x, map_y = self.cached(("remap", field, *((i.start, i.stop, i.step) for i in at)), crop) \
+                if rectangle else crop()
         flag = cv2.INTER_LINEAR if mode == "bilinear" else cv2.INTER_NEAREST
         return cv2.remap(np.ascontiguousarray(values, np.float32), map_x, map_y, flag, borderMode=cv2.BORDER_REPLICATE)
 

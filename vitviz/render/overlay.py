@@ -72,7 +72,7 @@ def overlay(canvas: Canvas, token_map, *, field: Field | int | None = None, mode
     vmin = float(values.min()) if vmin is None else vmin
     vmax = float(values.max()) if vmax is None else vmax
     seen = canvas.seen_slices(field)   # colour is drawn only there: the rest is the shaded base
-    unit = normalise(canvas.sample(values, field, mode=mode)[seen], vmin, vmax)
+    unit = normalise(canvas.sample(values, field, mode=mode, at=seen), vmin, vmax)
     image = np.ascontiguousarray(canvas.image[seen])
     if style == "heatmap":
         if not 0.0 <= alpha <= 1.0:
