@@ -75,15 +75,15 @@ def test_a_click_on_a_large_photo_lands_on_the_token_under_it(tmp_path, orientat
         assert app.run_point(run, (1000, 1500)) == pytest.approx((w / 4, h / 2))
 
 
-def test_views_reach_the_page_as_files_of_their_own(clicked):
+def test_views_reach_the_page_as_files_of_their_own(clicked, tmp_path, monkeypatch):
     """Two identical answers never share a file (one request would rewrite what another's browser reads)."""
-    from gradio.utils import get_upload_folder
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))   # Gradio's cache folder, read at each call
     render = app.as_files(app.render_maps)
     first, second = render(clicked[0], "inferno", "bilinear", "heatmap", False), \
         render(clicked[0], "inferno", "bilinear", "heatmap", False)
     drawn = app.render_maps(clicked[0], "inferno", "bilinear", "heatmap", False)
     for a, b, array in zip(first[:2], second[:2], drawn[:2]):
-        assert a != b and Path(a).is_relative_to(get_upload_folder()) and a.endswith(".jpg")
+        assert a != b and Path(a).is_relative_to(tmp_path) and a.endswith(".jpg")
         for path in (a, b):
             decoded = np.asarray(Image.open(path)).astype(int)
             assert decoded.shape == array.shape and np.abs(decoded - array).mean() < 3   # JPEG, quality 90
