@@ -244,9 +244,7 @@ def download(key, methods):
                                         params={"head_fusion": "mean", "discard_ratio": 0.0}, images=[entry],
                                         skipped=[], faithfulness_steps=0))
         # zipped straight into Gradio's cache, which serves it as is and deletes it after FILE_TTL
-        target = Path(get_upload_folder()) / f"vitviz-{uuid.uuid4().hex}"
-        target.mkdir(parents=True)
-        return str(zip_folder(folder, target / "vitviz-results.zip"))
+        return str(zip_folder(folder, cache_folder() / "vitviz-results.zip"))
 
 
 def stats() -> dict:
@@ -402,21 +400,27 @@ def build() -> gr.Blocks:
     return demo
 
 
+def cache_folder() -> Path:
+    """A new folder of this request's own in Gradio's cache folder, which serves what is in it."""
+    folder = Path(get_upload_folder()) / f"vitviz-{uuid.uuid4().hex}"
+    folder.mkdir(parents=True)
+    return folder
+
+
 def as_files(fn):
     """`fn` with the views it draws (arrays, alone or in a gallery's list) returned as JPEG files of their
     own in Gradio's cache folder, which the sweeper deletes after FILE_TTL. Left to Gradio, an array is
-    encoded as WebP (80-240 ms a request here, against 1-2 ms for JPEG) into a file named by its content
-    and rewritten in place: two people given the same picture at once share that file, and one request
-    rewrites it while the other's browser reads it."""
+    encoded as WebP (many times slower than JPEG) into a file named by its content and rewritten in
+    place: two people given the same picture at once share that file, and one request rewrites it while
+    the other's browser reads it."""
     @functools.wraps(fn)   # Gradio reads the signature for gr.Progress and gr.SelectData
     def with_files(*args, **kwargs):
-        folder = Path(get_upload_folder()) / f"vitviz-{uuid.uuid4().hex}"
+        folder = functools.cache(cache_folder)   # made on the first view only
         numbers = itertools.count()
 
         def saved(value):
             if isinstance(value, np.ndarray):
-                folder.mkdir(parents=True, exist_ok=True)
-                path = folder / f"view-{next(numbers)}.jpg"
+                path = folder() / f"view-{next(numbers)}.jpg"
                 Image.fromarray(value).save(path, quality=VIEW_QUALITY)
                 return str(path)
             return [saved(v) for v in value] if isinstance(value, list) else value

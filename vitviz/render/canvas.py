@@ -153,9 +153,10 @@ class Canvas:
         if at is not None:
             def crop():
                 return np.ascontiguousarray(map_x[at]), np.ascontiguousarray(map_y[at])
-            rectangle = all(isinstance(i, slice) for i in at)
-            map_x, map_y = self.cached(("remap", field, *((i.start, i.stop, i.step) for i in at)), crop) \
-                if rectangle else crop()
+            if all(isinstance(i, slice) for i in at):   # a rectangle: its cropped tables are kept
+                map_x, map_y = self.cached(("remap", field, *((i.start, i.stop, i.step) for i in at)), crop)
+            else:
+                map_x, map_y = crop()
         flag = cv2.INTER_LINEAR if mode == "bilinear" else cv2.INTER_NEAREST
         return cv2.remap(np.ascontiguousarray(values, np.float32), map_x, map_y, flag, borderMode=cv2.BORDER_REPLICATE)
 
