@@ -1,15 +1,17 @@
 """vitviz against its peers on the same weights, in one run, as ratios (they survive a noisy machine).
 
-    .venv/bin/python benchmarks/bench.py                     # everything (2-core CPU: about 5 minutes)
+    .venv/bin/python benchmarks/bench.py                     # everything (2-core CPU: about 20 minutes)
     .venv/bin/python benchmarks/bench.py --only forward cvt  # some items
     .venv/bin/python benchmarks/bench.py --threads 1 --clock cpu   # a shared machine: CPU time of one thread
     .venv/bin/python benchmarks/bench.py --quick             # tiny models, few repeats (the smoke test)
     .venv/bin/python benchmarks/bench.py --device cuda --autocast --batches 1 32   # a GPU (gpu_check.sh)
 
 Items (issue 8): forward (1), cvt (2), traced (3), pipeline (4), request (5), rerender (6),
-coldstart (7), memory (8), peak (9). Every time is min / median / max over `--repeats` rounds after
-warm-up; in each round the contenders run once each, in rotating order, so a slow spell of the
-machine hits all of them. Ratios are of medians. Contenders are checked to compute the same logits
+coldstart (7), memory (8), peak (9); issue 14: attribution (each explanation method against its
+reference package); issue 15: evaluate (against its floor of batched forwards), quantus (region
+perturbation against Quantus's), explain (batch explain images/s with --formats npy). Every time is
+min / median / max over `--repeats` rounds after warm-up; in each round the contenders run once each,
+in rotating order, so a slow spell of the machine hits all of them. Ratios are of medians. Contenders are checked to compute the same logits
 before they are timed. Checkpoints are random weights in the real Hub layouts (timm's `config.json`
 + `model.safetensors`, transformers' `save_pretrained`), written to a temporary folder and loaded
 through `vitviz.load`, as the app loads them; no network is used.
@@ -44,8 +46,11 @@ from vitviz.models import FAMILIES, ViTConfig  # noqa: E402
 from vitviz.preprocess import Transform  # noqa: E402
 from vitviz.session import ModelRun, decode_side  # noqa: E402
 
-ITEMS = ("forward", "cvt", "traced", "pipeline", "request", "rerender", "coldstart", "memory", "peak")
-TARGETS = {"forward": 1.00, "cvt": 1.00, "traced": 1.30, "pipeline": 0.80, "request": 1.50, "rerender": 0.10}
+ITEMS = ("forward", "cvt", "traced", "pipeline", "request", "rerender", "coldstart", "memory", "peak", "attribution",
+         "evaluate", "quantus", "explain")
+TARGETS = {"forward": 1.00, "cvt": 1.00, "traced": 1.30, "pipeline": 0.80, "request": 1.50, "rerender": 0.10,
+           "coldstart": 1.50, "attribution": 1.00, "evaluate": 1.25, "quantus": 1.00}
+EXPLAIN_IMAGES_S = 10   # batch explain with --formats npy, bundled pair, images per second (at least)
 VIT_SHAPES = ("vit_small_patch16_224", "vit_base_patch16_224")
 TINY_VIT = dict(depth=2, embed_dim=32, num_heads=2)                               # --quick
 # transformers indexes per-block drop-path rates by stage, so stage i needs at least i + 1 blocks
@@ -54,7 +59,8 @@ CVT_13_PROCESSOR = {   # microsoft/cvt-13's preprocessor_config.json
     "crop_pct": 0.875, "do_normalize": True, "do_resize": True, "feature_extractor_type": "ConvNextFeatureExtractor",
     "image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225], "resample": 3, "size": 224}
 PHOTO = ROOT / "assets" / "cat_chelsea.jpg"
-APP_REQUESTS = 20
+APP_REQUESTS = 20       # item 8: requests over HTTP before the memory is read
+WARM_REQUESTS = 5       # item 7: requests after the first, the yardstick of the cold start (2 with --quick)
 
 
 # ---- timing -------------------------------------------------------------------------------------------
@@ -399,36 +405,46 @@ def request(bench: Bench, items: set[str]) -> None:
 # ---- 7 and 8: the launched app: cold start, memory ----------------------------------------------------
 
 def launched_app(bench: Bench, items: set[str]) -> None:
+    """`python app.py` from process start: when the page is first served, when the first Explain (sent as soon
+    as the page is) is answered, and what the next requests take; for the ImageNet pair, its memory."""
     from app_server import launch
     from gradio_client import Client, handle_file
 
-    a, b = bench.imagenet_pair
-    start = time.perf_counter()
-    server = launch(bench.folder("app"), "--vit", a, "--cvt", b)
-    page = time.perf_counter() - start
-    try:
-        client = Client(server.url, verbose=False, analytics_enabled=False,
-                        download_files=str(bench.folder("app-downloads")))
-        seconds = []
-        for i in range((3 if bench.quick else APP_REQUESTS) if "memory" in items else 1):
-            t0 = time.perf_counter()
-            client.predict(handle_file(str(bench.jpeg)), a, b, api_name="/explain")
-            seconds.append(time.perf_counter() - t0)
-            if i == 0:
-                first = time.perf_counter() - start
-            if "memory" not in items:
-                break
-        status = Path(f"/proc/{server.process.pid}/status").read_text().splitlines()
-        status = dict(line.split(":", 1) for line in status)
-    finally:
-        server.stop()
+    pairs = {"ImageNet pair (ViT-B/16 + CvT-13) from folders": bench.imagenet_pair}
     if "coldstart" in items:
-        report(f"cold start python app.py (ImageNet pair from folders): first page {page:.1f} s, "
-               f"first answered request {first:.1f} s (one sample; the first request loads both models)")
-    if "memory" in items:
-        gib = lambda key: int(status[key].split()[0]) * 1024 / 2**30
-        report(f"app memory, ImageNet pair, after {len(seconds)} requests over HTTP: RSS {gib('VmRSS'):.2f} GiB, "
-               f"peak RSS {gib('VmHWM'):.2f} GiB (requests from a client: {Timing(seconds[1:] or seconds)})")
+        pairs[bench.bundled_pair[2]] = bench.bundled_pair[:2]
+    photo = handle_file(str(bench.jpeg))   # made before any clock starts: it takes seconds
+    for what, (a, b) in pairs.items():
+        memory = "memory" in items and what.startswith("ImageNet")
+        requests = max(1 + (2 if bench.quick else WARM_REQUESTS), (3 if bench.quick else APP_REQUESTS) if memory else 0)
+        start = time.perf_counter()
+        server = launch(bench.folder("app"), "--vit", a, "--cvt", b)
+        page = time.perf_counter() - start
+        try:
+            client = Client(server.url, verbose=False, analytics_enabled=False,
+                            download_files=str(bench.folder("app-downloads")))
+            connect = time.perf_counter() - start - page
+            seconds = []
+            for i in range(requests):
+                t0 = time.perf_counter()
+                client.predict(photo, a, b, api_name="/explain")
+                seconds.append(time.perf_counter() - t0)
+                if i == 0:
+                    first = time.perf_counter() - start
+            status = Path(f"/proc/{server.process.pid}/status").read_text().splitlines()
+            status = dict(line.split(":", 1) for line in status)
+        finally:
+            server.stop()
+        warm = Timing(seconds[1:])
+        if "coldstart" in items:
+            report(f"cold start python app.py, {what}: first page {page:.1f} s, first answered request {first:.1f} s "
+                   f"(the client's connection to the page {connect:.2f} s of it), warm requests {warm}, "
+                   f"(first answer - first page) / warm request "
+                   + verdict("coldstart", (first - page) / warm.median))
+        if memory:
+            gib = lambda key: int(status[key].split()[0]) * 1024 / 2**30
+            report(f"app memory, ImageNet pair, after {len(seconds)} requests over HTTP: RSS {gib('VmRSS'):.2f} GiB, "
+                   f"peak RSS {gib('VmHWM'):.2f} GiB (requests from a client: {warm})")
 
 
 # ---- 9: the machine's limit ------------------------------------------------------------------------------
@@ -474,6 +490,244 @@ def peak(bench: Bench, items: set[str]) -> None:
            f"vitviz vit_base_patch16_224 forward (median): " + "; ".join(parts))
 
 
+# ---- attribution: the explanation methods against their reference packages --------------------------------
+
+@dataclass
+class Duel:
+    """One vitviz method and a reference package's implementation of it, timed on the same weights and input."""
+    method: str       # the vitviz.explain name
+    peer: str         # the reference, as the line names it
+    ours: Timing
+    theirs: Timing
+
+
+def same_map(ours: np.ndarray, theirs: np.ndarray, what: str, *, tol: float) -> None:
+    """Refuse to time two implementations that do not compute the same map."""
+    error = float(np.abs(ours - theirs).max())
+    if not error <= tol:
+        raise SystemExit(f"{what}: the two maps disagree (max difference {error:.3g} > {tol:g}): not timed")
+
+
+def legrad_vs_torchcam(bench: Bench, pixels: torch.Tensor, target: int) -> Duel:
+    """vitviz's `legrad` over every block against torchcam's `LeGrad` on torchvision's ViT with the same weights."""
+    from torchcam.methods import LeGrad
+    from torchvision_vit import timm_to_torchvision
+    from vitviz.explain import legrad
+
+    reference, loaded = bench.vit_base
+    copy = timm_to_torchvision(reference).to(bench.device)
+    with LeGrad(copy, list(copy.encoder.layers)) as extractor:
+        ours = lambda: legrad(loaded.model, pixels, target)
+        theirs = lambda: extractor(target, copy(pixels))[0]
+        same_map(ours().cpu().numpy(), theirs().cpu().numpy(), "LeGrad", tol=1e-4)
+        t = bench.time({"vitviz": ours, "peer": theirs})
+    return Duel("legrad", "torchcam LeGrad on torchvision's ViT", t["vitviz"], t["peer"])
+
+
+def gradcam_vs_grad_cam(bench: Bench, pixels: torch.Tensor, target: int) -> Duel:
+    """vitviz's `gradcam` against grad-cam's `GradCAM` on the timm model (its ViT recipe: the last block's norm1,
+    the class token dropped); grad-cam also resizes its map to the input, which vitviz leaves to its views."""
+    from pytorch_grad_cam import GradCAM
+    from pytorch_grad_cam.utils.image import scale_cam_image
+    from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget
+    from vitviz.explain import gradcam
+
+    reference, loaded = bench.vit_base
+    size = tuple(pixels.shape[2:])
+    grid = [n // loaded.model.config.patch_size for n in size]
+
+    def reshape_transform(tokens: torch.Tensor) -> torch.Tensor:   # grad-cam's ViT tutorial: b (1 + h w) c -> b c h w
+        return tokens[:, 1:].reshape(tokens.shape[0], *grid, tokens.shape[2]).permute(0, 3, 1, 2)
+
+    with GradCAM(reference, [reference.blocks[-1].norm1], reshape_transform=reshape_transform) as cam:
+        ours = lambda: gradcam(loaded.model, pixels, target)
+        theirs = lambda: cam(pixels, [ClassifierOutputTarget(target)])
+        resized = scale_cam_image(scale_cam_image(ours().cpu().numpy(), size[::-1]))   # grad-cam's resize
+        same_map(resized, theirs(), "Grad-CAM", tol=1e-4)
+        t = bench.time({"vitviz": ours, "peer": theirs})
+    return Duel("gradcam", "grad-cam GradCAM on timm", t["vitviz"], t["peer"])
+
+
+def attnlrp_vs_lxt(bench: Bench, pixels: torch.Tensor, target: int) -> Duel | None:
+    """vitviz's `attnlrp` (lxt's ViT defaults: gamma 0.25 on convolutions, 0.05 on linear layers, CP attention)
+    against lxt 2.1 + zennit on torchvision's ViT with the same weights. lxt patches torch's classes for the
+    whole process, so it runs and times itself in a process of its own (tests/lxt_reference.py), with this
+    run's threads, clock and repeats after one untimed pass: the two are not interleaved round by round like
+    the other contenders, which `--clock cpu` (each process's own CPU time) makes fair on a busy machine."""
+    from safetensors.torch import load_file, save_file
+    from torchvision_vit import timm_to_torchvision
+    from vitviz.explain import attnlrp
+
+    if bench.device.type != "cpu":
+        report(f"attribution attnlrp b1 vit_base_patch16_224: no duel on {bench.device.type} "
+               f"(tests/lxt_reference.py runs lxt on the CPU only)")
+        return None
+    reference, loaded = bench.vit_base
+    copy = timm_to_torchvision(reference)
+    block = copy.encoder.layers[0]
+    job, out = bench.tmp / "lxt-job.safetensors", bench.tmp / "lxt-out.safetensors"
+    save_file({**{f"model.{k}": v.contiguous() for k, v in copy.state_dict().items()}, "pixels": pixels.contiguous(),
+               "targets": torch.tensor([target]), "gammas": torch.tensor([[0.25, 0.05]]),
+               "config": torch.tensor([copy.image_size, copy.patch_size, len(copy.encoder.layers),
+                                       block.self_attention.num_heads, copy.hidden_dim, block.mlp[0].out_features,
+                                       copy.num_classes]),
+               "timing": torch.tensor([bench.repeats, torch.get_num_threads(), int(bench.clock == "cpu")])}, job)
+    subprocess.run([sys.executable, str(ROOT / "tests" / "lxt_reference.py"), str(job), str(out)], check=True)
+    lxt = load_file(out)
+    ours = lambda: attnlrp(loaded.model, pixels, target, pixel_map=True)
+    expected = lxt["relevance"][0]
+    same_map((ours() / expected.abs().max()).numpy(), (expected / expected.abs().max()).numpy(), "AttnLRP", tol=1e-4)
+    t = bench.time({"vitviz": ours})
+    return Duel("attnlrp", "lxt AttnLRP on torchvision's ViT", t["vitviz"], Timing(lxt["seconds"][0].tolist()))
+
+
+# each (bench, pixels, target class) -> Duel (None: none on this device); one that must not share this process (lxt patches torch classes
+# process-wide) times its reference in a subprocess of its own and returns that Timing
+DUELS = (legrad_vs_torchcam, gradcam_vs_grad_cam, attnlrp_vs_lxt)
+
+
+def attribution(bench: Bench, items: set[str]) -> None:
+    """Each method against its reference on ViT-B/16 (random weights), batch 1, fp32 (grad-cam reads its maps
+    through numpy, which has no bf16), with gradients; also each one's time in vitviz forwards."""
+    reference, loaded = bench.vit_base
+    pixels = torch.randn(1, 3, 224, 224, device=bench.device)
+    with torch.inference_mode():
+        same_logits(loaded.model(pixels), reference(pixels), "ViT-B/16")
+        target = int(loaded.model(pixels).argmax())
+        forward = bench.time({"forward": lambda: loaded.model(pixels)})["forward"]
+    in_forwards = lambda t: f"{t} = {t.median / forward.median:.1f} forwards"
+    for duel in DUELS:
+        if (d := duel(bench, pixels, target)) is None:
+            continue
+        report(f"attribution {d.method} b1 vit_base_patch16_224: vitviz {in_forwards(d.ours)}, {d.peer} "
+               f"{in_forwards(d.theirs)} (vitviz forward {_ms(forward.median)} ms), "
+               + verdict("attribution", d.ours.median / d.theirs.median))
+
+
+# ---- issue 15: faithfulness over a data set, and batch explain --------------------------------------------
+
+def photos(count: int, size: tuple[int, int]) -> list[Image.Image]:
+    """`count` different photos of `size` (w, h): the example photo turned a little more each time."""
+    photo = Image.open(PHOTO).convert("RGB").resize(size, Image.BICUBIC)
+    return [photo.rotate(7 * i) for i in range(count)]
+
+
+def per_image_forward(bench: Bench, model: torch.nn.Module, batch: int, size: tuple[int, int]) -> float:
+    """Seconds per image of a batched forward of `batch` images: the floor of anything that must forward them."""
+    pixels = torch.randn(batch, 3, *size, device=bench.device)
+    with torch.inference_mode():
+        return bench.time({"forward": lambda: model(pixels)})["forward"].median / batch
+
+
+def evaluate_floor(bench: Bench, items: set[str]) -> None:
+    """`vitviz evaluate` (every method, all five tests) on the bundled pair against its floor: the images it
+    sends through each model (counted by a forward hook) times one image's share of a batched forward."""
+    import contextlib
+    import io
+
+    from vitviz.data import Dataset
+    from vitviz.evaluate import Settings, evaluate
+    from vitviz.explain import METHODS
+
+    vit, cvt, what = bench.bundled_pair
+    settings = Settings(batch_size=8, forward_batch=64, steps=4, regions=8) if bench.quick else Settings()
+    settings = settings.on(bench.device)
+    images = photos(16 if bench.quick else 64, (32, 32))
+    data = Dataset(name="bench photos", ids=tuple(map(str, range(len(images)))), labels=None, classes=None,
+                   source=images.__getitem__)
+    loaded = [vitviz.load(name, device=bench.device) for name in (vit, cvt)]
+    forwarded = {m.name: 0 for m in loaded}
+
+    def count(name):
+        return lambda module, args: forwarded.__setitem__(name, forwarded[name] + args[0].shape[0])
+
+    hooks = [m.model.register_forward_pre_hook(count(m.name)) for m in loaded]
+    seconds = []
+    try:
+        for r in range(max(1, bench.repeats // 3)):   # minutes per round on a CPU: fewer rounds
+            forwarded.update(dict.fromkeys(forwarded, 0))
+            start = CLOCKS[bench.clock]()
+            with contextlib.redirect_stdout(io.StringIO()):   # the table: not a benchmark line
+                evaluate(models=[vit, cvt], data=data, out=bench.folder(f"evaluate-{r}"), settings=settings,
+                         device=str(bench.device), progress=False)
+            seconds.append(CLOCKS[bench.clock]() - start)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    per_image = {m.name: per_image_forward(bench, m.model, settings.forward_batch, m.transform.crop) for m in loaded}
+    floor = sum(forwarded[name] * per_image[name] for name in forwarded)
+    total = Timing(seconds)
+    report(f"evaluate {len(images)} images, {what}, {len(METHODS)} methods + random, 5 tests: {total} "
+           f"for {sum(forwarded.values())} images through the models; floor (each image's share of a batched forward "
+           f"of {settings.forward_batch}) {_ms(floor)} ms, " + verdict("evaluate", total.median / floor))
+
+
+def quantus_region(bench: Bench, items: set[str]) -> None:
+    """Region perturbation as `vitviz evaluate` runs it (`faithfulness.region_removal` + `score`) against
+    Quantus 0.6's `RegionPerturbation(patch_size=16, order="morf", perturb_baseline="black")`: the same
+    model (vitviz's ViT-Ti/16, random weights), images, rollout maps and number of regions."""
+    import quantus
+    from vitviz.evaluate import Settings
+    from vitviz.explain import attention_rollout, faithfulness
+
+    if not hasattr(np, "trapz"):   # quantus 0.6 calls np.trapz, gone in numpy 2
+        np.trapz = np.trapezoid
+    _, loaded = bench.timm_vit("vit_tiny_patch16_224")
+    model, (images, regions) = loaded.model, ((4, 8) if bench.quick else (8, 48))
+    pixels = torch.randn(images, 3, 224, 224, device=bench.device)
+    with torch.inference_mode():
+        target = model(pixels).argmax(dim=-1)
+        maps = attention_rollout(model.trace(pixels))
+    attributions = torch.nn.functional.interpolate(maps[:, None], size=(224, 224), mode="nearest").cpu().numpy()
+    metric = quantus.RegionPerturbation(patch_size=16, order="morf", perturb_baseline="black",
+                                        regions_evaluation=regions, disable_warnings=True)
+    forward_batch = Settings().on(bench.device).forward_batch   # evaluate's default for the device
+
+    def ours():
+        _, perturbation = faithfulness.region_removal(pixels, maps, regions=regions)
+        probs = faithfulness.score(model, [perturbation], target, batch_size=forward_batch)[0].probs[0]
+        return (probs[:, :1] - probs[:, 1:]).numpy()
+
+    def theirs():
+        return np.array(metric(model=model, x_batch=pixels.cpu().numpy(), y_batch=target.cpu().numpy(),
+                               a_batch=attributions, device=str(bench.device)))
+
+    same_map(ours(), theirs(), "region perturbation", tol=1e-4)
+    t = bench.time({"vitviz": ours, "quantus": theirs})
+    report(f"region perturbation {images} images x {regions} regions, ViT-Ti/16 224 px: vitviz {t['vitviz']}, "
+           f"quantus RegionPerturbation {t['quantus']}, " + verdict("quantus", t["vitviz"].median / t["quantus"].median))
+
+
+def batch_explain(bench: Bench, items: set[str]) -> None:
+    """`python -m vitviz explain` on the bundled pair (rollout, the command's defaults), in process: images
+    per second writing maps as .npy only, without and with the deletion/insertion AUCs, and writing every
+    PNG too. Wall clock whatever --clock says (the drawing and encoding run on a thread pool, whose gain a
+    CPU clock would not show); one sample each (a folder of photos is minutes of work with PNGs on a CPU)."""
+    import contextlib
+    import io
+
+    from vitviz import __main__ as cli
+
+    vit, cvt, what = bench.bundled_pair
+    folder = bench.folder("explain-photos")
+    count, size = (8, (320, 240)) if bench.quick else (48, (640, 480))
+    for i, photo in enumerate(photos(count, size)):
+        photo.save(folder / f"photo-{i:02d}.jpg", quality=90)
+    rates = {}
+    for name, options in {"npy": ["--formats", "npy", "--faithfulness-steps", "0"], "npy+auc": ["--formats", "npy"],
+                          "png": ["--formats", "png", "npy"]}.items():
+        start = time.perf_counter()
+        with contextlib.redirect_stdout(io.StringIO()):
+            cli.main(["explain", str(folder), "--models", vit, cvt, "--device", str(bench.device),
+                      "--out", str(bench.folder(f"explain-{name}")), *options])
+        rates[name] = count / (time.perf_counter() - start)
+    met = rates["npy"] >= EXPLAIN_IMAGES_S
+    report(f"batch explain {count} photos {size[0]}x{size[1]}, {what}, wall clock: --formats npy {rates['npy']:.1f} images/s "
+           f"(target >= {EXPLAIN_IMAGES_S}) {'OK' if met else 'MISSED'}; with the default --faithfulness-steps 8 "
+           f"{rates['npy+auc']:.1f} images/s; png + npy {rates['png']:.1f} images/s "
+           f"(npy alone {rates['npy'] / rates['png']:.1f}x faster)")
+
+
 # ---- main ---------------------------------------------------------------------------------------------------
 
 def main(argv=None) -> None:
@@ -510,7 +764,9 @@ def main(argv=None) -> None:
         bench = Bench(quick=args.quick, repeats=repeats, tmp=Path(tmp), device=torch.device(args.device),
                       autocast=args.autocast, clock=args.clock, batches=tuple(args.batches))
         steps = [({"forward", "traced"}, vit_forward), ({"cvt"}, cvt_forward), ({"pipeline"}, pipeline),
-                 ({"request", "rerender"}, request), ({"coldstart", "memory"}, launched_app), ({"peak"}, peak)]
+                 ({"request", "rerender"}, request), ({"coldstart", "memory"}, launched_app), ({"peak"}, peak),
+                 ({"attribution"}, attribution), ({"evaluate"}, evaluate_floor), ({"quantus"}, quantus_region),
+                 ({"explain"}, batch_explain)]
         for wanted, step in steps:
             if wanted & items:
                 step(bench, items)

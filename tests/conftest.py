@@ -44,3 +44,14 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def own_caches(tmp_path, monkeypatch):
+    """A fresh HF cache folder (huggingface_hub reads HF_HUB_CACHE at each call) and no loaded models."""
+    from huggingface_hub import constants
+    from vitviz import hub
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    hub.clear_cache()
+    yield
+    hub.clear_cache()

@@ -2,6 +2,9 @@
 and a real browser (Debian's Chromium driven by Playwright)."""
 import json
 import os
+import subprocess
+import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -11,7 +14,9 @@ import pytest
 from PIL import Image
 
 import app
+from hub_server import files_of, timm_checkpoint
 from tests.app_server import launch
+from vitviz import catalog
 
 ROOT = Path(__file__).resolve().parents[1]
 PHOTO = ROOT / "assets" / "cat_chelsea.jpg"
@@ -112,7 +117,7 @@ def test_gradient_faithfulness_and_download_panels(clicked):
     key = clicked[0]
     target_a = clicked[12]
     second = target_a.choices[1][1]   # explain the runner-up class
-    grads = app.render_gradients(key, "chefer", second, None)
+    grads = app.render_gradients(key, "chefer", second, None, None)
     assert all(is_view_of(v, PHOTO) for v in grads)
     plots = app.render_faithfulness(key, "rollout", 4)
     assert all(p.ndim == 3 and p.shape[2] == 3 for p in plots)
@@ -137,11 +142,131 @@ def test_plain_word_errors_for_a_non_image_and_a_model_that_cannot_be_loaded(tmp
         app.render_norms("no-such-session", 1, 1)
 
 
+# ---- hosted as a Space: ZeroGPU's conventions, the default pair loaded at start ---------------------------
+
+def in_a_fresh_interpreter(code: str, tmp_path: Path, **env: str) -> dict:
+    """Run `code` in a new Python process at the repository root; it prints one JSON object last."""
+    environ = {**os.environ, "GRADIO_TEMP_DIR": str(tmp_path), **env}
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=environ, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+IMPORT_ORDER_AND_CPU_EVENTS = """
+import json, sys, zipfile
+
+first = {}   # the first request to import spaces, and torch: in which order, and whether spaces was loaded then
+
+class FirstImports:
+    def find_spec(self, name, path=None, target=None):
+        if name in ("spaces", "torch") and name not in first:
+            first[name] = {"order": len(first), "spaces_loaded": "spaces" in sys.modules}
+
+sys.meta_path.insert(0, FirstImports())
+import app
+
+key = app.explain({"path": "assets/cat_chelsea.jpg"}, "vit-cifar10", "cvt-cifar10")[0]
+print(json.dumps({
+    "first": first, "zero_gpu": app.ZERO_GPU,
+    "devices": sorted({str(run.loaded.device) for run in app.RUNS.get(key)}),
+    "gradients": [view.shape for view in app.render_gradients(key, "chefer", None, None, None)],
+    "faithfulness": [plot.shape for plot in app.render_faithfulness(key, "rollout", 4)],
+    "download": zipfile.is_zipfile(app.download(key, ["rollout"])),
+}))
+"""
+
+
+def test_importing_app_loads_spaces_before_torch_and_its_gpu_events_answer_on_the_cpu(tmp_path):
+    out = in_a_fresh_interpreter(IMPORT_ORDER_AND_CPU_EVENTS, tmp_path)
+    assert out["first"]["spaces"]["order"] == 0 and out["first"]["torch"]["spaces_loaded"]
+    assert not out["zero_gpu"] and out["devices"] == ["cpu"]
+    assert len(out["gradients"]) == len(out["faithfulness"]) == 2 and out["download"]
+    assert all(len(shape) == 3 and shape[2] == 3 for shape in out["gradients"] + out["faithfulness"])
+
+
+ZEROGPU_START = """
+import inspect, json
+import app
+import torch
+from vitviz import catalog, hub
+
+def duration(event):   # what spaces.GPU was given for it
+    given = inspect.getclosurevars(event).nonlocals["duration"]
+    return given.__name__ if callable(given) else given
+
+started = app.load_at_start(catalog.BUNDLED_PAIR)
+on_cuda = [hub.load(name, device=app.DEVICE) for name in catalog.BUNDLED_PAIR]   # what the start loaded
+on_cpu = [hub.load(name, device="cpu") for name in catalog.BUNDLED_PAIR]
+pixels = torch.rand(1, 3, 32, 32)
+events = {name: getattr(app, name) for name in ("explain", "render_gradients", "render_faithfulness", "download",
+                                                "render_maps", "render_layers", "render_stages", "render_norms")}
+print(json.dumps({
+    "zero_gpu": app.ZERO_GPU, "device": app.DEVICE, "in_background": started is not None,
+    "devices": [str(m.device) for m in on_cuda],
+    "same_logits": [torch.equal(a.model(pixels.to("cuda")).cpu(), b.model(pixels)) for a, b in zip(on_cuda, on_cpu)],
+    "durations": {name: duration(event) for name, event in events.items() if hasattr(event, "zerogpu")},
+    "explain_s": [app.explain_seconds(None, *catalog.BUNDLED_PAIR), app.explain_seconds(None, "vit-base", "cvt-13")],
+}))
+"""
+
+
+def test_on_zerogpu_the_default_pair_is_put_on_cuda_at_start_and_each_model_event_holds_a_gpu_for_a_duration(
+        tmp_path):
+    """ZeroGPU's own CUDA emulation (the real `spaces` package with SPACES_ZERO_GPU set; its device API is
+    never called, as nothing is launched): the start loads the pair in the calling thread, the only one
+    whose tensors the emulation sees, onto 'cuda' with the checkpoint's weights; the four events that run
+    a model ask for a GPU with their own duration, the re-renders for none."""
+    from hub_server import closed_port_url
+    out = in_a_fresh_interpreter(ZEROGPU_START, tmp_path, SPACES_ZERO_GPU="true",
+                                 SPACES_ZERO_DEVICE_API_URL=closed_port_url())
+    assert out["zero_gpu"] and out["device"] == "cuda" and not out["in_background"]
+    assert out["devices"] == ["cuda:0", "cuda:0"] and out["same_logits"] == [True, True]
+    assert out["durations"] == {"explain": "explain_seconds", "render_gradients": app.GRADIENTS_S,
+                                "render_faithfulness": app.FAITHFULNESS_S, "download": app.DOWNLOAD_S}
+    assert out["explain_s"] == [app.EXPLAIN_S, app.EXPLAIN_LOADING_S]
+
+
+def test_an_explain_during_the_start_up_load_waits_for_it_with_progress_and_nothing_loads_twice(monkeypatch):
+    loads, load = [], app.hub._load
+
+    def slow_load(request, device, progress):
+        loads.append(request.name)
+        time.sleep(0.5)   # long enough for the Explain to arrive while the start-up load runs
+        return load(request, device, progress)
+
+    monkeypatch.setattr(app.hub, "_load", slow_load)
+    app.hub.clear_cache()
+    loading = app.load_at_start(PAIR)
+    while not loads:
+        time.sleep(0.01)
+    heard = []
+    answer = app.explain({"path": str(PHOTO)}, *PAIR, progress=lambda fraction, desc=None: heard.append(desc))
+    loading.join(timeout=60)
+    assert loads == list(PAIR) and not app.STARTING
+    assert f"waiting for {PAIR[0]}, which the server has been loading since it started" in heard
+    assert len(answer[1]) == len(answer[2]) == 5
+
+
 # ---- the launched app ------------------------------------------------------------------------------------
 
+HEADLESS = ("dinov2-s14", "dinov2-s14-reg4")   # the one-click registers pair
+
+
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    server = launch(tmp_path_factory.mktemp("app"))
+def dinov2_repos(hub, tmp_path_factory):
+    """Small DINOv2 checkpoints, without and with registers, on the fake Hub under the catalog's repo ids."""
+    for name in HEADLESS:
+        folder = tmp_path_factory.mktemp(name)
+        source = catalog.CATALOG[name].source
+        timm_checkpoint(folder, source.removeprefix("timm/"), depth=2, embed_dim=48, num_heads=6)
+        hub.publish(source, files_of(folder))
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, dinov2_repos):
+    # the Hub it reaches is the fake one (HF_ENDPOINT): the bundled models, and the DINOv2 pair published above
+    server = launch(tmp_path_factory.mktemp("app"), env={"HF_HUB_OFFLINE": None})
     yield server
     server.stop()
 
@@ -193,6 +318,70 @@ def test_every_public_endpoint_answers_from_a_real_client(client):
     assert {"/render_stages", "/render_anatomy", "/download"} <= called
 
 
+def test_the_faithfulness_tab_shows_the_bundled_models_leaderboard_from_a_real_client(client):
+    """The bundled models ship `python -m vitviz evaluate`'s summary beside their checkpoints: the tab shows
+    each one's table and mean curves; for a model with none it gives the command that makes one."""
+    from vitviz.evaluate import SUMMARY
+    text, plot_a, plot_b = client.predict(*PAIR, api_name="/render_leaderboard")
+    for name in PAIR:
+        shipped = json.loads((ROOT / "checkpoints" / name / SUMMARY).read_text())
+        assert f"**{name}** on {shipped['data']['images']} images" in text
+        for method, results in shipped["models"][name]["methods"].items():
+            deletion = results["deletion"]
+            assert f"{deletion['mean']:.3f} [{deletion['low']:.3f}, {deletion['high']:.3f}]" in text, method
+    assert text.count("| random map |") == 2
+    assert image_size(plot_a)[0] > 600 and image_size(plot_b)[0] > 600
+    text, _, plot_b = client.predict(PAIR[0], "microsoft/cvt-13", api_name="/render_leaderboard")
+    assert "**microsoft/cvt-13** has no leaderboard yet" in text
+    assert "python -m vitviz evaluate --models microsoft/cvt-13 --data DIR" in text and plot_b is None
+
+
+def test_every_class_explaining_method_answers_for_both_bundled_models_from_a_real_client(client):
+    from gradio_client import handle_file
+    from vitviz.explain import METHODS
+    client.predict(handle_file(str(PHOTO)), *PAIR, api_name="/explain")
+    for method in (m.name for m in METHODS.values() if m.targeted):
+        panels = client.predict(method, None, None, api_name="/render_gradients")
+        assert len(panels) == 2, method
+        for panel in panels:
+            assert image_size(PHOTO)[0] <= image_size(panel)[0] < image_size(PHOTO)[0] + 200, method
+
+
+@pytest.mark.parametrize("pair", [(HEADLESS[0], PAIR[1]), (PAIR[0], HEADLESS[1])],
+                         ids=["without a classifier on the left", "without a classifier on the right"])
+def test_a_model_without_a_classifier_answers_every_panel_in_words_from_a_real_client(client, pair):
+    from gradio_client import handle_file
+    side = 0 if pair[0] in HEADLESS else 1
+    result = client.predict(handle_file(str(PHOTO)), *pair, api_name="/explain")
+    assert result[side] == {"label": f"{pair[side]}: no classifier, so no predictions", "confidences": None}
+    assert len(result[1 - side]["confidences"]) == 5
+    assert f"{pair[side]} has no classifier" in result[6]   # the key (a State) is not among a client's outputs
+    tokens, words = result[4 + side], result[-2 + side]   # the patch grid, and what it shows as page text
+    assert len(tokens) == 1 and "patch grid" in words
+    assert ("register" in words) == (pair[side] == "dinov2-s14-reg4")
+    layers = result[-4]["value"], result[-3]["value"]   # the heads tab's layer sliders, on each model's last layer
+    assert layers[side] == 2
+    views = client.predict(*layers, "cls", True, 0.6, "outline", api_name="/render_class_free_after_explain")
+    heads = views[side]
+    assert len(heads) == 1 + 6 and heads[0]["caption"].startswith("mean of the 6 heads") and "tokens" in heads[1]["caption"]
+    assert f"{pair[side]}, layer 2: where the class token looks" in views[2] and "holding 60%" in views[2]
+    assert views[3 + side] is not None and "foreground tokens" in views[5]   # the PCA picture, and its words
+    assert "high-norm token" in views[6] and len(views[9 + side]) == 4 * side   # dinov2-s14-reg4's four registers
+    assert f"{pair[side]} has no classifier" in views[11] == views[12]   # the class and faithfulness tabs say so
+    strips = client.predict("point", False, 0.6, "outline", api_name="/render_model_view")
+    assert len(strips[side]) == 2   # one strip per layer
+    for method in ("chefer", "attnlrp"):   # the pooled output explained instead of a class
+        panels = client.predict(method, None, None, api_name="/render_gradients")
+        assert all(image_size(PHOTO)[0] <= image_size(panel)[0] for panel in panels)
+    curves = client.predict("rollout", 4, api_name="/render_faithfulness")
+    assert curves[side] is None and curves[1 - side] is not None
+    with zipfile.ZipFile(client.predict(["rollout", "chefer"], api_name="/download")) as archive:
+        manifest = json.loads(archive.read("manifest.json"))
+    entry = manifest["images"][0]["models"][side]
+    assert entry["top5"] == [] and entry["target"] is None and "no classifier" in entry["no_predictions"]
+    assert manifest["models"][side]["classifier"] is False and manifest["models"][1 - side]["classifier"] is True
+
+
 # ---- a real browser -------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -217,8 +406,10 @@ def test_a_person_uploads_runs_moves_a_slider_clicks_a_point_and_sees_an_error(s
     page.locator("#input-image input[type=file]").set_input_files(str(PHOTO))
     page.locator("#input-image img").first.wait_for(timeout=30_000)
     page.locator("#explain").click()
+    # the comparison line comes with the predictions, once the run is over (a progress bar also shows a "%")
+    page.locator("#comparison").get_by_text("rank correlation").first.wait_for(timeout=120_000)
     for label in ("#label-a", "#label-b"):
-        page.locator(label).get_by_text("%").first.wait_for(timeout=120_000)
+        page.locator(label).get_by_text("%").first.wait_for(timeout=10_000)
     page.screenshot(path=str(SCREENSHOTS / "1-explained.png"), full_page=True)
 
     slider = page.locator("#layer-a input[type=range]")
@@ -226,7 +417,17 @@ def test_a_person_uploads_runs_moves_a_slider_clicks_a_point_and_sees_an_error(s
     page.keyboard.press("Home")   # layer 1; the change is sent on release
     slider.dispatch_event("pointerup")
     slider.dispatch_event("change")
+    page.locator("#attn-a").scroll_into_view_if_needed()   # below the fold, its image loads lazily
     page.locator("#attn-a img").first.wait_for(timeout=60_000)
+
+    page.get_by_role("tab", name="Explain a class").click()
+    page.locator("#class-method").get_by_text("AttnLRP").click()
+    page.locator("#class-compute").click()
+    for panel in ("#class-map-a", "#class-map-b"):
+        page.locator(panel).scroll_into_view_if_needed()
+        page.locator(f"{panel} img").first.wait_for(timeout=120_000)
+    page.screenshot(path=str(SCREENSHOTS / "2-attnlrp.png"), full_page=True)
+    page.locator("#input-image").scroll_into_view_if_needed()
 
     image = page.locator("#input-image img").first
     box = image.bounding_box()
@@ -243,3 +444,69 @@ def test_a_person_uploads_runs_moves_a_slider_clicks_a_point_and_sees_an_error(s
     toast.wait_for(timeout=60_000)
     page.screenshot(path=str(SCREENSHOTS / "3-error.png"), full_page=True)
     assert server.process.poll() is None   # still serving
+
+
+def open_tab(page, name: str) -> None:
+    """Click a tab, from the "More tabs" menu where the page is too narrow to show it."""
+    tab = page.get_by_role("tab", name=name)
+    if tab.count() and tab.first.is_visible():
+        tab.first.click()
+    else:
+        page.get_by_role("button", name="More tabs").click()
+        page.locator(".overflow-dropdown button", has_text=name).click()
+
+
+def load_images(page, selector: str) -> None:
+    """Bring every image under `selector` into view (galleries load theirs lazily) and wait until each is decoded,
+    so a full-page screenshot shows them."""
+    for image in page.locator(f"{selector} img").all():
+        image.scroll_into_view_if_needed()
+    page.wait_for_function("s => [...document.querySelectorAll(s + ' img')].every(i => i.complete && i.naturalWidth)",
+                           arg=selector, timeout=30_000)
+
+
+@pytest.mark.parametrize("width", [1400, 390], ids=["1400 px wide", "a phone, 390 px wide"])
+def test_a_person_reads_the_token_panel_compares_dinov2_with_and_without_registers_and_enlarges_one_head(
+        server, browser, width):
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page = browser.new_page(viewport={"width": width, "height": 1000})
+    page.goto(server.url)
+    page.locator("#input-image input[type=file]").set_input_files(str(PHOTO))
+    page.locator("#input-image img").first.wait_for(timeout=30_000)
+    page.locator("#explain").click()   # the bundled pair: a ViT and a CvT
+    page.locator("#grid-words-b").get_by_text("receptive field").first.wait_for(timeout=120_000)
+    load_images(page, "#grid-a")
+    load_images(page, "#grid-b")
+    patch_grid, stages = page.locator("#grid-a img"), page.locator("#grid-b img")
+    assert stages.count() == 3   # every CvT stage in view, each as wide as the ViT's patch grid, its words as text
+    assert all(stages.nth(k).bounding_box()["width"] >= 0.95 * patch_grid.first.bounding_box()["width"]
+               for k in range(3))
+    assert page.locator("#grid-words-b").inner_text().count("effective stride") == 3
+    page.locator("#grid-a").scroll_into_view_if_needed()
+    page.screenshot(path=str(SCREENSHOTS / f"4-tokens-{width}.png"))
+
+    page.get_by_role("button", name="DINOv2 vs DINOv2 with registers").click()   # one click: both models, Explain
+    page.locator("#registers-note").get_by_text("register tokens").first.wait_for(timeout=120_000)
+    for gallery in ("#artefacts-a", "#artefacts-b", "#registers-b"):
+        page.locator(f"{gallery} img").first.wait_for(timeout=60_000)
+        load_images(page, gallery)
+    assert page.locator("#registers-b img").count() == 4 and page.locator("#artefacts-a img").count() == 2
+    assert "no classifier" in page.locator("#label-a").inner_text()
+    page.screenshot(path=str(SCREENSHOTS / f"5-registers-{width}.png"), full_page=True)
+
+    open_tab(page, "Heads at a glance")
+    thumbnails = page.locator("#heads-a button.thumbnail-lg")
+    thumbnails.first.wait_for(timeout=60_000)
+    assert thumbnails.count() == 1 + 6   # the heads' mean, then each of the 6 heads
+    thumbnails.nth(3).click()
+    enlarged = page.locator("#heads-a button.media-button img")
+    enlarged.wait_for(timeout=30_000)
+    assert page.locator("#heads-a .caption").first.inner_text().startswith("head 3")
+    assert "dinov2-s14, layer 2: where the class token looks" in page.locator("#heads-note").inner_text()
+    # enlarged, a head is as wide as the patch grid in the token panel; what the grid shows is page text
+    grid = page.locator("#grid-a img").first
+    assert enlarged.bounding_box()["width"] >= 0.95 * grid.bounding_box()["width"]
+    assert "patch grid" in page.locator("#grid-words-a").inner_text()
+    load_images(page, "#heads-b")
+    page.screenshot(path=str(SCREENSHOTS / f"6-heads-{width}.png"), full_page=True)
+    assert server.process.poll() is None

@@ -23,9 +23,24 @@ EXPECTED = {   # line start -> the rest of it; one line each
        for pair in ("ImageNet pair", "stand-ins")},
     **{f"app re-render ({action}), {pair}": rf": {TIMES} vs request [\d.]+ ms, {RATIO}$"
        for pair in ("ImageNet pair", "stand-ins") for action in ("layer/head slider", "colour map")},
-    "cold start python app.py": r": first page [\d.]+ s, first answered request [\d.]+ s",
+    **{f"cold start python app.py, {pair}": rf": first page [\d.]+ s, first answered request [\d.]+ s \(the client's connection "
+                                            rf"to the page [\d.]+ s of it\), warm requests "
+                                            rf"{TIMES}, \(first answer - first page\) / warm request {RATIO}$"
+       for pair in ("ImageNet pair", "stand-ins")},
     "app memory, ImageNet pair, after": r"RSS [\d.]+ GiB, peak RSS [\d.]+ GiB",
     "machine peak fp32 matmul": r"[\d.]+ GFLOP/s .* b1 [\d.]+ GFLOP in [\d.]+ ms = [\d.]+ GFLOP/s, \d+% of peak",
+    **{f"attribution {method} b1 vit_base_patch16_224": rf": vitviz {TIMES} = [\d.]+ forwards, {peer} {TIMES} = "
+                                                        rf"[\d.]+ forwards \(vitviz forward [\d.]+ ms\), {RATIO}$"
+       for method, peer in (("legrad", "torchcam LeGrad on torchvision's ViT"),
+                            ("gradcam", "grad-cam GradCAM on timm"),
+                            ("attnlrp", "lxt AttnLRP on torchvision's ViT"))},
+    "evaluate 16 images, stand-ins": rf", \d+ methods \+ random, 5 tests: {TIMES} for \d+ images through the models; "
+                                     rf"floor \(each image's share of a batched forward of 64\) [\d.]+ ms, {RATIO}$",
+    "region perturbation 4 images x 8 regions, ViT-Ti/16 224 px": rf": vitviz {TIMES}, quantus RegionPerturbation "
+                                                                  rf"{TIMES}, {RATIO}$",
+    "batch explain 8 photos 320x240, stand-ins": r": --formats npy [\d.]+ images/s \(target >= 10\) (OK|MISSED); "
+                                                 r"with the default --faithfulness-steps 8 [\d.]+ images/s; png \+ npy "
+                                                 r"[\d.]+ images/s \(npy alone [\d.]+x faster\)$",
 }
 
 

@@ -1,5 +1,6 @@
 """The command line and the Python API for batch work, on the bundled models (no network)."""
 import json
+import os
 import subprocess
 import sys
 import zipfile
@@ -132,3 +133,38 @@ def test_anatomy_writes_attention_distance_averaged_over_images(images, tmp_path
     assert len(data["per_layer_per_head"]) == len(vitviz.load("vit-cifar10").model.blocks)
     for name in ("attention-distance", "filters", "position-similarity"):
         assert Image.open(tmp_path / f"vit-cifar10-{name}.png").size[0] > 100
+
+
+def test_formats_npy_writes_the_arrays_and_no_picture_and_resume_adds_the_pictures(images, tmp_path, capsys):
+    args = ["explain", str(images), "--models", *MODELS, "--methods", "rollout", "chefer", "--out", str(tmp_path),
+            "--faithfulness-steps", "2"]
+    assert cli.main([*args, "--formats", "npy"]) == 0
+    assert not list(tmp_path.rglob("*.png"))
+    manifest = json.loads((tmp_path / MANIFEST).read_text())
+    for model in manifest["images"][0]["models"]:
+        assert model["files"] == ["chefer.npy", "predictions.json", "rollout.npy"]
+        assert set(model["faithfulness"]) == {"rollout", "chefer"}
+    assert cli.main([*args, "--resume"]) == 0   # png asked for now: every image is redone
+    assert "resume: 0 image(s) already complete, 4 to do" in capsys.readouterr().err
+    assert {p.name for p in (tmp_path / "square" / "vit-cifar10").glob("*.png")} >= {"rollout.png", "chefer.png",
+                                                                                    "grid-1.png", "stage-1-pca.png"}
+
+
+def test_explain_under_two_torchrun_ranks_writes_what_one_process_writes(images, tmp_path):
+    """Whole batches are dealt to the ranks; rank 0 merges the manifest. Same threads per process (torchrun
+    gives each one thread), so the arrays are the same to the bit."""
+    args = ["-m", "vitviz", "explain", str(images), "--models", *MODELS, "--methods", "rollout", "chefer",
+            "--batch-size", "1", "--formats", "npy", "--faithfulness-steps", "2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    for out, launcher in (("one", []), ("two", ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"])):
+        done = subprocess.run([sys.executable, *launcher, *args, "--out", str(tmp_path / out)], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+    one, two = (json.loads((tmp_path / out / MANIFEST).read_text()) for out in ("one", "two"))
+    assert {k: v for k, v in one.items() if k != "created"} == {k: v for k, v in two.items() if k != "created"}
+    assert [Path(s["path"]).name for s in two["skipped"]] == ["corrupt.jpg"]
+    arrays = sorted(p.relative_to(tmp_path / "one") for p in (tmp_path / "one").rglob("*.npy"))
+    assert len(arrays) == 3 * 2 * 2
+    assert all((tmp_path / "one" / a).read_bytes() == (tmp_path / "two" / a).read_bytes() for a in arrays)
+    assert {p.name for p in (tmp_path / "two").glob("manifest-rank*.json")} == {"manifest-rank0.json",
+                                                                               "manifest-rank1.json"}

@@ -245,12 +245,13 @@ def test_chefer_relevance_equals_its_formula_with_the_rows_clamped_before_the_he
     np.testing.assert_allclose(ours, chefer_formula(attns, grads), rtol=1e-5, atol=1e-6)
 
 
-def test_gradient_methods_default_to_each_images_top_prediction():
+@pytest.mark.parametrize("method", ["chefer_relevance", "gradient_rollout", "legrad", "gradcam", "attnlrp"])
+def test_methods_that_explain_a_class_default_to_each_images_top_prediction(method):
     model, pixels = tiny_vit(), torch.randn(3, 3, 32, 48)
     top = model(pixels).argmax(-1)
     assert len(set(top.tolist())) > 1   # otherwise the test could not tell "per image" from "image 0's"
-    torch.testing.assert_close(explain.chefer_relevance(model, pixels), explain.chefer_relevance(model, pixels, top))
-    torch.testing.assert_close(explain.gradient_rollout(model, pixels), explain.gradient_rollout(model, pixels, top))
+    maps = getattr(explain, method)
+    torch.testing.assert_close(maps(model, pixels), maps(model, pixels, top))
 
 
 def test_gradient_methods_refuse_a_trace_without_gradients_and_a_model_in_training_mode():
@@ -502,8 +503,8 @@ def test_each_step_removes_the_top_fraction_of_regions(unit, region):
 
 # ---------------------------------------------------------------- the bundled CIFAR-10 models
 
-@pytest.mark.parametrize("name", ["vit-cifar10", "cvt-cifar10"])
-def test_rollout_deletion_auc_is_lower_than_random_on_the_bundled_models(name):
+def bundled_model_and_test_images(name: str, count: int = 100) -> tuple[nn.Module, torch.Tensor]:
+    """A bundled checkpoint and the first `count` CIFAR-10 test images, preprocessed for it."""
     from vitviz.bundle import load_bundle
     from vitviz.train import load_cifar10
 
@@ -514,11 +515,21 @@ def test_rollout_deletion_auc_is_lower_than_random_on_the_bundled_models(name):
         pytest.fail(f"bundled checkpoint missing: expected {folder}/config.json + model.safetensors "
                     f"(python -m vitviz.train --arch {name.replace('10', '')} --out checkpoints/{name})")
     model, transform, _, _ = load_bundle(folder)
-    images, _, _ = load_cifar10(CIFAR, "test", 100)
-    pixels = transform.normalize(images.float() / 255)
+    images, _, _ = load_cifar10(CIFAR, "test", count)
+    return model, transform.normalize(images.float() / 255)
+
+
+def random_deletion_auc(model: nn.Module, pixels: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """The mean deletion AUC of random maps shaped `like`, over three seeds."""
+    return torch.stack([explain.deletion_curve(model, pixels, explain.random_saliency(like, seed=s),
+                                               steps=16).auc.mean() for s in range(3)]).mean()
+
+
+@pytest.mark.parametrize("name", ["vit-cifar10", "cvt-cifar10"])
+def test_rollout_deletion_auc_is_lower_than_random_on_the_bundled_models(name):
+    model, pixels = bundled_model_and_test_images(name)
     with torch.inference_mode():
         rollout = explain.attention_rollout(model.trace(pixels))
     deletion = explain.deletion_curve(model, pixels, rollout, steps=16).auc.mean()
-    random = torch.stack([explain.deletion_curve(model, pixels, explain.random_saliency(rollout, seed=s),
-                                                 steps=16).auc.mean() for s in range(3)]).mean()
+    random = random_deletion_auc(model, pixels, rollout)
     assert deletion < random, f"{name}: rollout deletion AUC {deletion:.3f} is not below random's {random:.3f}"

@@ -43,14 +43,7 @@ TIMM_CASES = {   # timm tag -> what it exercises in the architecture mapping
 }
 BUNDLED_HINT = "Bundled models work offline: vit-cifar10, cvt-cifar10."
 
-
-@pytest.fixture(autouse=True)
-def own_caches(tmp_path, monkeypatch):
-    """A fresh HF cache folder (huggingface_hub reads HF_HUB_CACHE at each call) and no loaded models."""
-    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
-    vhub.clear_cache()
-    yield
-    vhub.clear_cache()
+pytestmark = pytest.mark.usefixtures("own_caches")
 
 
 @pytest.fixture(scope="module")

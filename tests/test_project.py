@@ -1,12 +1,36 @@
-"""The project's own promises: the README's commands are the ones CI runs."""
+"""The project's own promises: the README's commands are the ones CI runs, and its front matter (the Space's
+configuration) builds the Space as it was tested: the Gradio the tests ran, the catalog's models, and the
+default pair's files preloaded, those and no others."""
 import re
+import sys
 from pathlib import Path
 
+import gradio
+from huggingface_hub import SpaceHardware, hf_hub_download, metadata_load
+from huggingface_hub import constants as hf_constants
+
+import vitviz
+from hub_server import cvt_checkpoint, files_of, timm_checkpoint
+from vitviz import catalog, hub as vhub
+
 ROOT = Path(__file__).resolve().parents[1]
+# What the default pair's repos hold on the Hub (their "Files and versions" pages, at
+# huggingface.co/timm/vit_base_patch16_224.augreg2_in21k_ft_in1k/tree/3feba41 and
+# huggingface.co/microsoft/cvt-13/tree/b71e71d; cvt-13's model.safetensors is only on refs/pr/2).
+HUB_FILES = {
+    "vit-base": ["README.md", "config.json", "model.safetensors", "pytorch_model.bin"],
+    "cvt-13": ["README.md", "config.json", "preprocessor_config.json", "pytorch_model.bin", "tf_model.h5"],
+}
+SHORT_DESCRIPTION_MAX = 60   # the Hub refuses a longer one: '"short_description" length must be ... <= 60'
 
 
 def readme_commands() -> list[str]:
     return re.findall(r"```bash\n(.+?)\n```", (ROOT / "README.md").read_text())
+
+
+def front_matter() -> dict:
+    """README.md's YAML header, read as huggingface_hub reads a repo card's."""
+    return metadata_load(ROOT / "README.md")
 
 
 def test_readme_has_exactly_two_setup_commands_one_for_the_app_and_one_for_the_tests():
@@ -22,8 +46,61 @@ def test_ci_runs_the_readmes_test_command_verbatim():
 
 
 def test_space_front_matter_lists_the_catalogs_hub_repos():
-    from vitviz import catalog
-    front = (ROOT / "README.md").read_text().split("---")[1]
-    listed = re.findall(r"^  - (\S+)$", front, flags=re.M)
-    assert listed == [e.source for e in catalog.CATALOG.values() if not e.bundled]
-    assert 'python_version: "3.11"' in front and "app_file: app.py" in front and "sdk: gradio" in front
+    front = front_matter()
+    assert front["models"] == [e.source for e in catalog.CATALOG.values() if not e.bundled]
+    assert (front["sdk"], front["app_file"]) == ("gradio", "app.py")
+
+
+def test_the_space_installs_the_gradio_and_python_the_tests_ran_with():
+    front = front_matter()
+    pinned = re.findall(r"^gradio==(\S+)$", (ROOT / "requirements.txt").read_text(), flags=re.M)
+    assert front["sdk_version"] == gradio.__version__ and pinned == [gradio.__version__]
+    assert front["python_version"] == f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def test_the_space_card_names_hardware_the_hub_has_and_a_description_it_accepts():
+    front = front_matter()
+    assert front["suggested_hardware"] in {h.value for h in SpaceHardware}
+    assert 0 < len(front["short_description"]) <= SHORT_DESCRIPTION_MAX
+
+
+def test_the_preloaded_files_are_all_the_default_pair_needs_offline_and_each_is_read(hub, tmp_path, monkeypatch):
+    """A Space downloads `preload_from_hub` at build time ("repo file1,file2", into the standard cache): with
+    only those files cached and the Hub unreachable, the default pair loads (and the app opens with it);
+    and a load from an empty cache fetches exactly those files of the repos' real layouts."""
+    preload = dict(line.split(" ") for line in front_matter()["preload_from_hub"])   # no commit: what main is
+    repos = {name: catalog.CATALOG[name].source for name in catalog.IMAGENET_PAIR}
+    assert list(preload) == list(repos.values())
+    timm_checkpoint(tmp_path / "vit", "vit_base_patch16_224.augreg2_in21k_ft_in1k", weights="both",
+                    depth=1, embed_dim=32, num_heads=2)
+    cvt_checkpoint(tmp_path / "cvt", weights="bin")
+    readable = {"vit-base": files_of(tmp_path / "vit"), "cvt-13": files_of(tmp_path / "cvt")}
+    layouts = {repos[name]: {f: readable[name].get(f, f"{f} (never read)".encode()) for f in files}
+               for name, files in HUB_FILES.items()}
+    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(tmp_path / "space-build-cache"))
+    try:
+        for repo, files in layouts.items():
+            hub.publish(repo, files)
+        for repo, files in preload.items():   # the Space's build step
+            for filename in files.split(","):
+                hf_hub_download(repo, filename)
+        vhub.clear_cache()
+        monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
+        requests = hub.count()
+        assert all(vhub.available(name) for name in catalog.IMAGENET_PAIR)
+        assert [vitviz.load(name, device="cpu").family for name in catalog.IMAGENET_PAIR] == ["vit", "cvt"]
+        assert hub.count() == requests
+
+        monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
+        monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+        vhub.clear_cache()
+        start = len(hub.requests)
+        for name in catalog.IMAGENET_PAIR:
+            vitviz.load(name, device="cpu")
+        fetched = {(r.repo_id, r.filename) for r in hub.requests[start:]
+                   if r.method == "GET" and r.filename in layouts.get(r.repo_id, {})}
+        assert fetched == {(repo, f) for repo, files in preload.items() for f in files.split(",")}
+    finally:
+        for repo in layouts:
+            hub.remove(repo)
+        vhub.clear_cache()

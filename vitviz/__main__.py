@@ -1,6 +1,7 @@
 """vitviz's command line.
 
     python -m vitviz explain PATH... --models vit-base cvt-13 --methods rollout grad-rollout chefer --out DIR
+    python -m vitviz evaluate --models vit-cifar10 cvt-cifar10 --data DIR|FILE.npz|cifar10-test --limit N --out DIR
     python -m vitviz anatomy MODEL --images DIR --out DIR
     python -m vitviz models
     python -m vitviz train --arch vit-cifar --out checkpoints/vit-cifar10
@@ -10,18 +11,25 @@ from __future__ import annotations
 import argparse
 import glob
 import json
+import os
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tqdm import tqdm
 
 from . import catalog, explain, hub, render
-from .export import image_files, manifest, png_bytes, safe_name, write_atomic, write_manifest, MANIFEST
+from .export import FORMATS, image_files, manifest, png_bytes, safe_name, write_atomic, write_manifest, MANIFEST
+from .data import IMAGE_SUFFIXES, DataError
+from .distributed import ranks as process_ranks
 from .image import ImageError, read_image
-from .session import METHODS, decode_side, explain_images
+from .explain import METHODS
+from .session import decode_side, explain_images, faithfulness_curves
 
-IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp", ".tif", ".tiff", ".avif"}
+
+SIZE_HELP = ("input size in px (square) to run the models at, resized and cropped by each checkpoint's own rule "
+             "(default: the catalog's size, e.g. 224 for DINOv2, else the checkpoint's own)")
 
 
 class UsageError(Exception):
@@ -68,7 +76,7 @@ def image_ids(paths: list[Path]) -> list[str]:
     return ids
 
 
-def complete(out: Path, entry: dict | None, models: list[str], methods: list[str]) -> bool:
+def complete(out: Path, entry: dict | None, models: list[str], methods: list[str], formats: list[str]) -> bool:
     """Whether a previous run's manifest entry already holds every requested output, on disk."""
     if not entry:
         return False
@@ -77,73 +85,129 @@ def complete(out: Path, entry: dict | None, models: list[str], methods: list[str
         model = done.get(name)
         if model is None or set(methods) - set(model.get("maps", {})):
             return False
+        if {f"{m}.{ext}" for m in methods for ext in formats} - set(model.get("files", [])):
+            return False
         folder = out / entry["id"] / safe_name(name)
         if not all((folder / f).is_file() for f in model.get("files", [])):
             return False
     return True
 
 
+def previous_entries(out: Path) -> dict[str, dict]:
+    """The image entries of earlier runs' manifests (merged, and each rank's own), by image path."""
+    entries = {}
+    for path in sorted(out.glob("manifest*.json")):
+        entries.update({e["path"]: e for e in json.loads(path.read_text()).get("images", [])})
+    return entries
+
+
+def export_image(out: Path, image_id: str, path: Path, image, runs: list, methods: list[str], *, formats: list[str],
+                 faithfulness_steps: int, params: dict) -> dict:
+    """One image's files for every model, written to OUT/<image>/<model>/; its manifest entry."""
+    entry = {"id": image_id, "path": str(path), "size": [image.height, image.width], "models": []}
+    for run in runs:
+        files, model_entry = image_files(run, methods, formats=formats, faithfulness_steps=faithfulness_steps, **params)
+        folder = out / image_id / safe_name(run.name)
+        for name, data in files.items():
+            write_atomic(folder / name, data)
+        entry["models"].append(model_entry)
+    return entry
+
+
 def cmd_explain(args) -> int:
+    """Sharded by image under torchrun: whole batches dealt to the ranks, each rank writing its images'
+    folders and its own manifest (manifest-rank<r>.json), rank 0 the merged manifest.json."""
     out = prepare_out(Path(args.out))
     paths = expand_paths(args.paths)
     methods = list(dict.fromkeys(args.methods))
+    formats = list(dict.fromkeys(args.formats))
     params = {"head_fusion": args.head_fusion, "discard_ratio": args.discard_ratio}
-    models = [hub.load(name, device=args.device) for name in args.models]
-    names = [m.name for m in models]
-    previous = json.loads((out / MANIFEST).read_text()) if args.resume and (out / MANIFEST).is_file() else {}
-    done = {e["path"]: e for e in previous.get("images", [])}
-    entries, skipped, todo = [], [], []
-    for path, image_id in zip(paths, image_ids(paths)):
-        entry = done.get(str(path))
-        if args.resume and complete(out, entry, names, methods):
-            entries.append(entry)
-        else:
-            todo.append((path, image_id))
-    if args.resume:
-        print(f"resume: {len(entries)} image(s) already complete, {len(todo)} to do", file=sys.stderr)
+    with process_ranks(args.device) as ranks:
+        models = [hub.load(name, device=ranks.device, size=args.size) for name in args.models]
+        names = [m.name for m in models]
+        done = previous_entries(out) if args.resume else {}
+        items = list(zip(paths, image_ids(paths)))
+        chunks = ranks.mine([items[i:i + args.batch_size] for i in range(0, len(items), args.batch_size)])
+        entries, skipped, todo = [], [], []
+        for chunk in chunks:
+            finished = [(p, i) for p, i in chunk if complete(out, done.get(str(p)), names, methods, formats)]
+            entries += [done[str(p)] for p, _ in finished]
+            todo.append([item for item in chunk if item not in finished])
+        if args.resume:
+            print(f"resume{f' (rank {ranks.rank})' if ranks.world > 1 else ''}: {len(entries)} image(s) already "
+                  f"complete, {sum(map(len, todo))} to do", file=sys.stderr)
+        own_manifest = out / (MANIFEST if ranks.world == 1 else f"manifest-rank{ranks.rank}.json")
 
-    def save_manifest():
-        write_manifest(out, manifest(models=models, methods=methods, params=params, images=entries,
-                                     skipped=skipped, faithfulness_steps=args.faithfulness_steps))
+        def save_manifest(path: Path, images: list[dict], skips: list[dict]) -> None:
+            write_manifest(path.parent, manifest(models=models, methods=methods, params=params, images=images,
+                                                 skipped=skips, faithfulness_steps=args.faithfulness_steps),
+                           name=path.name)
 
-    target = decode_side(models)
-    bar = tqdm(total=len(todo), unit="image", desc="explain", file=sys.stderr)
-    start = time.time()
-    for i in range(0, len(todo), args.batch_size):
-        chunk = []
-        for path, image_id in todo[i:i + args.batch_size]:
-            try:
-                chunk.append((path, image_id, read_image(path, target_size=target)))
-            except ImageError as e:
-                skipped.append({"path": str(path), "reason": str(e)})
-                bar.update(1)
-        if not chunk:
-            continue
-        images = [image for _, _, image in chunk]
-        runs_per_model = [explain_images(images, loaded, batch_size=args.batch_size) for loaded in models]
-        for k, (path, image_id, image) in enumerate(chunk):
-            entry = {"id": image_id, "path": str(path), "size": [image.height, image.width], "models": []}
-            for runs in runs_per_model:
-                files, model_entry = image_files(runs[k], methods, faithfulness_steps=args.faithfulness_steps, **params)
-                folder = out / image_id / safe_name(runs[k].name)
-                for name, data in files.items():
-                    write_atomic(folder / name, data)
-                entry["models"].append(model_entry)
-            entries.append(entry)
-            bar.update(1)
-            bar.set_postfix(img_s=f"{bar.n / (time.time() - start):.2f}")
-        save_manifest()
-    bar.close()
-    save_manifest()
+        target = decode_side(models)
+        bar = tqdm(total=sum(map(len, todo)), unit="image", desc="explain", file=sys.stderr, disable=not ranks.leader)
+        start = time.time()
+        # drawing and encoding release the GIL for most of their time: one image (all its models) per thread
+        with ThreadPoolExecutor(max_workers=os.cpu_count()) as pool:
+            for chunk in todo:
+                batch = []
+                for path, image_id in chunk:
+                    try:
+                        batch.append((path, image_id, read_image(path, target_size=target)))
+                    except ImageError as e:
+                        skipped.append({"path": str(path), "reason": str(e)})
+                        bar.update(1)
+                if not batch:
+                    continue
+                runs_per_model = [explain_images([image for _, _, image in batch], loaded, batch_size=args.batch_size)
+                                  for loaded in models]
+                for runs in runs_per_model:   # the batch's curves in batched forwards, kept in the runs for export
+                    classified = [run for run in runs if run.has_classifier]
+                    for method in methods if args.faithfulness_steps and classified else ():
+                        faithfulness_curves(classified, method, steps=args.faithfulness_steps)
+                exports = [pool.submit(export_image, out, image_id, path, image, [runs[k] for runs in runs_per_model],
+                                       methods, formats=formats, faithfulness_steps=args.faithfulness_steps,
+                                       params=params)
+                           for k, (path, image_id, image) in enumerate(batch)]
+                for export in exports:
+                    entries.append(export.result())
+                    bar.update(1)
+                    bar.set_postfix(img_s=f"{bar.n / (time.time() - start):.2f}")
+                save_manifest(own_manifest, entries, skipped)
+        bar.close()
+        save_manifest(own_manifest, entries, skipped)
+        gathered = ranks.gather(json.dumps({"images": entries, "skipped": skipped}))
+        if not ranks.leader:
+            return 0
+        parts = [json.loads(text) for text in gathered]
+        order = {str(path): k for k, (path, _) in enumerate(items)}
+        entries = sorted((e for part in parts for e in part["images"]), key=lambda e: order[e["path"]])
+        skipped = sorted((s for part in parts for s in part["skipped"]), key=lambda s: order[s["path"]])
+        save_manifest(out / MANIFEST, entries, skipped)
     for s in skipped:
         print(f"skipped {s['path']}: {s['reason']}", file=sys.stderr)
     print(f"wrote {len(entries)} image(s) to {out} ({len(skipped)} skipped); manifest: {out / MANIFEST}")
     return 0
 
 
+def cmd_evaluate(args) -> int:
+    from .evaluate import Settings, evaluate
+
+    prepare_out(Path(args.out))
+    if args.limit is not None and args.limit < 1:
+        raise UsageError(f"--limit must be at least 1, not {args.limit}")
+    try:
+        settings = Settings(batch_size=args.batch_size, forward_batch=args.forward_batch, steps=args.steps,
+                            regions=args.regions)
+    except ValueError as e:
+        raise UsageError(f"--{e}") from None
+    evaluate(models=args.models, methods=args.methods, data=args.data, out=args.out, limit=args.limit,
+             resume=args.resume, settings=settings, device=args.device)
+    return 0
+
+
 def cmd_anatomy(args) -> int:
     out = prepare_out(Path(args.out))
-    loaded = hub.load(args.model, device=args.device)
+    loaded = hub.load(args.model, device=args.device, size=args.size)
     paths = expand_paths(args.images)[:args.limit]
     images = []
     for path in paths:
@@ -196,11 +260,29 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--out", required=True, help="output folder")
     e.add_argument("--batch-size", type=int, default=8)
     e.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    e.add_argument("--size", type=int, default=None, help=SIZE_HELP)
     e.add_argument("--resume", action="store_true", help="skip images whose outputs are complete")
+    e.add_argument("--formats", nargs="+", default=list(FORMATS), choices=FORMATS,
+                   help="what to write per map: png (the overlay and every view) and/or npy (the array)")
     e.add_argument("--head-fusion", default="mean", choices=explain.HEAD_FUSIONS)
     e.add_argument("--discard-ratio", type=float, default=0.0)
     e.add_argument("--faithfulness-steps", type=int, default=8, help="deletion/insertion steps (0: skip)")
     e.set_defaults(run=cmd_explain)
+    v = sub.add_parser("evaluate", help="how faithful each method's maps are, over a data set (torchrun shards it)")
+    v.add_argument("--models", nargs="+", default=list(catalog.BUNDLED_PAIR), help="catalog names, Hub ids or folders")
+    v.add_argument("--methods", nargs="+", default=None, choices=list(METHODS), help="default: every method")
+    v.add_argument("--data", required=True, help="a folder (class sub-folders give labels), an .npz in the layout "
+                                                 "of cifar10_jpeg.npz, or cifar10-test (torchvision's)")
+    v.add_argument("--limit", type=int, default=None, help="at most this many images, spread evenly over the data")
+    v.add_argument("--out", required=True, help="output folder: records, summary.json, summary.md, plots")
+    v.add_argument("--resume", action="store_true", help="skip the images whose records are complete")
+    v.add_argument("--batch-size", type=int, default=32, help="images per batch (the unit of sharding)")
+    v.add_argument("--forward-batch", type=int, default=None,
+                   help="perturbed images per forward (default: 8 on the CPU, 256 on CUDA)")
+    v.add_argument("--steps", type=int, default=16, help="deletion/insertion steps")
+    v.add_argument("--regions", type=int, default=100, help="region perturbation: at most this many token cells")
+    v.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    v.set_defaults(run=cmd_evaluate)
     a = sub.add_parser("anatomy", help="ViT paper figure 7 views of a model, averaged over images")
     a.add_argument("model")
     a.add_argument("--images", nargs="+", required=True, help="image files, folders or globs")
@@ -208,6 +290,7 @@ def parser() -> argparse.ArgumentParser:
     a.add_argument("--limit", type=int, default=256, help="use at most this many images")
     a.add_argument("--batch-size", type=int, default=8)
     a.add_argument("--device", default=None)
+    a.add_argument("--size", type=int, default=None, help=SIZE_HELP)
     a.set_defaults(run=cmd_anatomy)
     m = sub.add_parser("models", help="the catalog, what is cached and its size")
     m.set_defaults(run=cmd_models)
@@ -225,7 +308,7 @@ def main(argv=None) -> int:
         return 2
     try:
         return args.run(args)
-    except (UsageError, hub.LoadError) as e:
+    except (UsageError, DataError, hub.LoadError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 

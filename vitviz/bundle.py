@@ -44,7 +44,11 @@ def read_config(folder: str | Path) -> dict:
 def load_bundle(folder: str | Path):
     """-> (model in eval mode, fp32, on CPU; Transform; labels; the whole config dict)."""
     config = read_config(folder)
-    model = build(config["family"], config["model"])
+    with torch.device("meta"):   # no random initialisation (most of a load's time): the file holds every value
+        model = build(config["family"], config["model"]).to_empty(device="cpu")
     weights = {k: v.float() if v.is_floating_point() else v for k, v in load_file(Path(folder) / WEIGHTS_FILE).items()}
     load_weights(model, weights)
+    for name, buffer in model.named_buffers():
+        if name.endswith("num_batches_tracked"):   # not stored (see save_bundle); unused in eval
+            buffer.zero_()
     return model.eval(), Transform(**config["preprocess"]), config["labels"], config

@@ -3,7 +3,11 @@
 Hub entries are the repos timm and Microsoft publish (timm's own `pretrained_cfg` registry names
 these repos); they are not pinned to a commit, so `vitviz.load` records the commit it got. The two
 bundled models are vitviz's own CIFAR-10 checkpoints in the repository's `checkpoints/` folder and
-need no network.
+need no network. DINO and DINOv2 are self-supervised: they have no classifier, so no predictions.
+
+`size` is the input size a catalog name runs at when the caller names none. DINOv2 runs at 224 px,
+not its 518 px: at 518 a ViT-S/14 sees 1,370 tokens, and every attention map a trace keeps is 28x
+larger (README, "Models without a classifier").
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ class CatalogEntry:
     family: str          # 'vit' or 'cvt'
     summary: str         # one line for menus and `python -m vitviz models`
     bundled: bool = False
+    size: int | None = None   # input size (px) it runs at by default; None: the checkpoint's own
 
     @property
     def path(self) -> Path | None:
@@ -40,6 +45,24 @@ CATALOG: dict[str, CatalogEntry] = {e.name: e for e in [
                  "DeiT-S/16, 224 px, ImageNet-1k only, 22 M parameters"),
     CatalogEntry("deit-tiny-distilled", "timm/deit_tiny_distilled_patch16_224.fb_in1k", "vit",
                  "DeiT-Ti/16 with a distillation token, 224 px, ImageNet-1k, 5.9 M parameters"),
+    CatalogEntry("dino-s16", "timm/vit_small_patch16_224.dino", "vit",
+                 "DINO ViT-S/16, self-supervised on ImageNet-1k, no classifier, 224 px, 22 M parameters"),
+    CatalogEntry("dino-b16", "timm/vit_base_patch16_224.dino", "vit",
+                 "DINO ViT-B/16, self-supervised on ImageNet-1k, no classifier, 224 px, 86 M parameters"),
+    CatalogEntry("dino-s8", "timm/vit_small_patch8_224.dino", "vit",
+                 "DINO ViT-S/8, self-supervised on ImageNet-1k, no classifier, 224 px (784 patches), 22 M parameters"),
+    CatalogEntry("dinov2-s14", "timm/vit_small_patch14_dinov2.lvd142m", "vit",
+                 "DINOv2 ViT-S/14, self-supervised on LVD-142M, no classifier, run at 224 px (trained to 518), "
+                 "22 M parameters", size=224),
+    CatalogEntry("dinov2-b14", "timm/vit_base_patch14_dinov2.lvd142m", "vit",
+                 "DINOv2 ViT-B/14, self-supervised on LVD-142M, no classifier, run at 224 px (trained to 518), "
+                 "87 M parameters", size=224),
+    CatalogEntry("dinov2-s14-reg4", "timm/vit_small_patch14_reg4_dinov2.lvd142m", "vit",
+                 "DINOv2 ViT-S/14 with 4 registers, no classifier, run at 224 px (trained to 518), 22 M parameters",
+                 size=224),
+    CatalogEntry("dinov2-b14-reg4", "timm/vit_base_patch14_reg4_dinov2.lvd142m", "vit",
+                 "DINOv2 ViT-B/14 with 4 registers, no classifier, run at 224 px (trained to 518), 87 M parameters",
+                 size=224),
     CatalogEntry("cvt-13", "microsoft/cvt-13", "cvt", "CvT-13, 224 px, ImageNet-1k, 20 M parameters"),
     CatalogEntry("cvt-21", "microsoft/cvt-21", "cvt", "CvT-21, 224 px, ImageNet-1k, 32 M parameters"),
     CatalogEntry("cvt-13-384", "microsoft/cvt-13-384", "cvt", "CvT-13, 384 px, ImageNet-1k, 20 M parameters"),
@@ -55,6 +78,12 @@ CATALOG: dict[str, CatalogEntry] = {e.name: e for e in [
 # what the app opens with: the ImageNet pair when it can be had, else the bundled pair
 IMAGENET_PAIR = ("vit-base", "cvt-13")
 BUNDLED_PAIR = ("vit-cifar10", "cvt-cifar10")
+# one-click comparisons the app offers: what each shows -> (left, right)
+PAIRS = {
+    "DINOv2 vs DINOv2 with registers": ("dinov2-s14", "dinov2-s14-reg4"),
+    "DINO (self-supervised) vs CvT-13": ("dino-s16", "cvt-13"),
+    "ViT-B vs CvT-13 (ImageNet classifiers)": IMAGENET_PAIR,
+}
 
 
 def bundled() -> list[CatalogEntry]:

@@ -1,11 +1,14 @@
 """The one exporter: every panel as PNG, every map as .npy, and a manifest.json, for the CLI's output
 folder and the app's download zip alike (same files, same names).
 
-    <out>/manifest.json
+    <out>/manifest.json                                       (under torchrun also manifest-rank<r>.json)
     <out>/<image>/<model>/predictions.json
-    <out>/<image>/<model>/<method>.npy and <method>.png      (rollout, grad-rollout, chefer)
+    <out>/<image>/<model>/<method>.npy and <method>.png      (each of explain.METHODS asked for)
     <out>/<image>/<model>/grid-<k>.png                        (patch grid, or CvT stage k's tokens)
     <out>/<image>/<model>/stage-<k>-pca.png, stage-<k>-norm.png
+
+`formats` picks what is written per map: the .npy arrays, the drawn PNGs (with the grids and stage
+views), or both.
 
 Each file is written under a temporary name and renamed, so an interrupted run never leaves half a file.
 """
@@ -24,9 +27,11 @@ import numpy as np
 from PIL import Image
 
 from . import __version__
-from .session import METHODS, ModelRun
+from .explain import METHODS, method as find_method
+from .session import ModelRun
 
 MANIFEST = "manifest.json"
+FORMATS = ("png", "npy")   # what is written per map: the drawn overlay (and every other view), the array
 PREDICTIONS = "predictions.json"
 
 
@@ -55,29 +60,41 @@ def npy_bytes(array: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
-def image_files(run: ModelRun, methods: Sequence[str], *, faithfulness_steps: int = 0,
+def image_files(run: ModelRun, methods: Sequence[str], *, formats: Sequence[str] = FORMATS, faithfulness_steps: int = 0,
                 **params) -> tuple[dict[str, bytes], dict]:
-    """Every file for one image + model, as bytes, and that model's entry for the manifest."""
+    """Every file for one image + model, as bytes, and that model's entry for the manifest; without 'png'
+    in `formats` nothing is drawn (no overlays, grids or stage views), without 'npy' no arrays."""
     for method in methods:
-        if method not in METHODS:
-            raise ValueError(f"unknown method {method!r}: choose from {', '.join(METHODS)}")
+        find_method(method)   # a ValueError naming the methods there are
+    if set(formats) - set(FORMATS) or not formats:
+        raise ValueError(f"formats must be some of {', '.join(FORMATS)}, not {list(formats)}")
     files: dict[str, bytes] = {}
     top = [{"index": p.index, "label": p.label, "prob": round(p.prob, 6)} for p in run.top(5)]
-    entry = {"model": run.name, "top5": top, "target": top[0]["index"], "maps": {}, "faithfulness": {}}
-    files[PREDICTIONS] = (json.dumps({"model": run.name, "top5": top}, indent=2) + "\n").encode()
+    # a model without a classifier predicts nothing: no top 5, no target class, and the targeted maps explain
+    # its pooled output (the manifest says which), with no faithfulness curves (they follow a class)
+    predictions = {"model": run.name, "top5": top} if run.has_classifier else \
+        {"model": run.name, "top5": [], "no_predictions": run.no_classifier}
+    entry = {**predictions, "target": top[0]["index"] if top else None, "maps": {}, "faithfulness": {}}
+    files[PREDICTIONS] = (json.dumps(predictions, indent=2) + "\n").encode()
     for method in methods:
         values = run.token_map(method, **params)
-        files[f"{method}.npy"] = npy_bytes(values)
-        files[f"{method}.png"] = png_bytes(run.map_view(method, values=values))
-        entry["maps"][method] = {"shape": list(values.shape), "file": f"{method}.npy"}
-        if faithfulness_steps:
+        entry["maps"][method] = {"shape": list(values.shape)}
+        if "npy" in formats:
+            files[f"{method}.npy"] = npy_bytes(values)
+            entry["maps"][method]["file"] = f"{method}.npy"
+        if "png" in formats:
+            files[f"{method}.png"] = png_bytes(run.map_view(method, values=values))
+        if not run.has_classifier and find_method(method).targeted:
+            entry["maps"][method]["explains"] = run.explained_target(method)
+        if faithfulness_steps and run.has_classifier:
             curves = run.faithfulness(method, steps=faithfulness_steps)
             entry["faithfulness"][method] = {k: round(v["auc"], 6) for k, v in curves.items() if isinstance(v, dict)}
-    for k, view in enumerate(run.grid_views()):
-        files[f"grid-{k + 1}.png"] = png_bytes(view)
-    views = run.stage_views()
-    for k in range(len(views) // 2):
-        files[f"stage-{k + 1}-pca.png"], files[f"stage-{k + 1}-norm.png"] = png_bytes(views[2 * k]), png_bytes(views[2 * k + 1])
+    if "png" in formats:
+        for k, view in enumerate(run.grid_views()):
+            files[f"grid-{k + 1}.png"] = png_bytes(view)
+        views = run.stage_views()
+        for k in range(len(views) // 2):
+            files[f"stage-{k + 1}-pca.png"], files[f"stage-{k + 1}-norm.png"] = png_bytes(views[2 * k]), png_bytes(views[2 * k + 1])
     entry["files"] = sorted(files)
     return files, entry
 
@@ -85,19 +102,20 @@ def image_files(run: ModelRun, methods: Sequence[str], *, faithfulness_steps: in
 def model_entry(loaded) -> dict:
     """What the manifest records of a model: where it came from, exactly, and how it preprocesses."""
     return {"name": loaded.name, "family": loaded.family, "source": loaded.source_info(),
-            "preprocess": loaded.transform.to_dict(), "classes": len(loaded.labels)}
+            "preprocess": loaded.transform.to_dict(), "classes": len(loaded.labels),
+            "classifier": loaded.has_classifier}
 
 
 def manifest(*, models: Iterable, methods: Sequence[str], params: dict, images: list[dict], skipped: list[dict],
              faithfulness_steps: int) -> dict:
     return {"vitviz_version": __version__, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "models": [model_entry(m) for m in models],
-            "methods": {m: {"name": METHODS[m], **params} for m in methods},
+            "methods": {m: {"name": METHODS[m].title, **params} for m in methods},
             "faithfulness_steps": faithfulness_steps, "images": images, "skipped": skipped}
 
 
-def write_manifest(out: Path, data: dict) -> None:
-    write_atomic(Path(out) / MANIFEST, (json.dumps(data, indent=2) + "\n").encode())
+def write_manifest(out: Path, data: dict, *, name: str = MANIFEST) -> None:
+    write_atomic(Path(out) / name, (json.dumps(data, indent=2) + "\n").encode())
 
 
 def zip_folder(folder: Path, zip_path: Path) -> Path:

@@ -14,12 +14,19 @@ from `model.safetensors`, else from `pytorch_model.bin` through `torch.load(weig
 which refuses pickled code; keys must match exactly. A fresh download is checked against the
 SHA-256 the Hub named it by, and a damaged file is removed from the cache so a retry fetches it
 again. Loaded models stay in a small in-process LRU cache bounded by count and bytes.
+
+Models without a classifier (timm's `num_classes=0`: DINO, DINOv2) load like any other, with no
+labels. `size` runs a model at another input size: the checkpoint's own resize and crop rule at
+that size, the weights shared with the model at its own size (a ViT resamples its position
+embeddings as timm's `dynamic_img_size` does).
 """
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
 import json
+import math
 import os
 import pickle
 import re
@@ -50,6 +57,7 @@ from .preprocess import IMAGENET_MEAN, IMAGENET_STD, Transform
 CONFIG, SAFETENSORS, PICKLED, CVT_PROCESSOR = ("config.json", "model.safetensors", "pytorch_model.bin",
                                                "preprocessor_config.json")
 HUB_TIMEOUT = 2.5   # seconds the Hub has to answer the first metadata request of a load
+SIZES = (32, 1024)  # input sizes (px, square) `load` accepts; a ViT-S/14's attention at 1024 px is ~8 GB
 # CvT's own evaluation preprocessing (the paper, Microsoft's code), for a CvT repo that has no
 # preprocessor_config.json: transformers' processor defaults (384 px, mean/std 0.5) would be wrong
 CVT_EVAL_PROCESSOR = {"size": {"shortest_edge": 224}, "crop_pct": 224 / 256, "resample": int(Image.BICUBIC),
@@ -90,10 +98,31 @@ class LoadedModel:
     labels: tuple[str, ...]      # class names in logit order
     transform: Transform         # the checkpoint's own preprocessing
     source: Source
+    # the checkpoint's preprocessing at another input size; None: the crop keeps its share of the resized image
+    transform_at: Callable[[int], Transform] | None = None
 
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    @property
+    def has_classifier(self) -> bool:
+        """False for a model without a classifier (DINO, DINOv2): no labels, no predictions."""
+        return bool(self.labels)
+
+    @property
+    def size(self) -> int:
+        """The input size (px, square) it runs at."""
+        return self.transform.crop[0]
+
+    def at_size(self, size: int) -> LoadedModel:
+        """The same model, weights shared, fed `size` x `size` pixels by the checkpoint's own resize and crop rule."""
+        if not isinstance(size, int) or isinstance(size, bool) or not SIZES[0] <= size <= SIZES[1]:
+            raise LoadError(f"The input size must be a whole number of pixels from {SIZES[0]} to {SIZES[1]}, "
+                            f"not {size!r}.")
+        if size == self.size:
+            return self
+        return replace(self, transform=(self.transform_at or functools.partial(_same_crop_share, self.transform))(size))
 
     @property
     def nbytes(self) -> int:
@@ -116,6 +145,7 @@ class Request:
     repo_id: str | None = None
     revision: str = "main"
     folder: Path | None = None
+    size: int | None = None   # the catalog's input size for it (None: the checkpoint's own)
 
     def key(self) -> tuple:
         if self.folder is None:
@@ -140,7 +170,7 @@ def parse_source(source: str, *, allow_local: bool = True) -> Request:
                             f"(checkpoints/README.md says how it is trained).")
         return Request(name=text, folder=entry.path)
     if entry is not None:
-        return Request(name=text, repo_id=entry.source)
+        return Request(name=text, repo_id=entry.source, size=entry.size)
     if allow_local and (text.startswith(("/", ".", "~")) or Path(text).expanduser().is_dir()):
         folder = Path(text).expanduser().resolve()
         if not (folder / CONFIG).is_file():
@@ -264,11 +294,13 @@ def clear_cache() -> None:
 # ---- load ---------------------------------------------------------------------------------------------
 
 def load(source: str, *, device: str | torch.device | None = None, progress: ProgressFn | None = None,
-         allow_local: bool = True) -> LoadedModel:
+         allow_local: bool = True, size: int | None = None) -> LoadedModel:
     """A catalog name, Hub repo id (`owner/name[@revision]`) or local folder -> `LoadedModel`.
 
     `device` defaults to CUDA when there is one. `progress(fraction, description)` hears download
     progress. `allow_local=False` refuses folders (the app passes it for text a user typed).
+    `size`: the input size (px, square) to run it at; default the catalog's size for a catalog name
+    (DINOv2: 224), else the checkpoint's own.
     Raises `LoadError` for anything a person can fix or should know; nothing half-done is kept.
     """
     request = parse_source(source, allow_local=allow_local)
@@ -281,7 +313,9 @@ def load(source: str, *, device: str | torch.device | None = None, progress: Pro
         if loaded is None:
             loaded = _load(request, device, progress)
             CACHE.put(key, loaded)
-    return loaded if loaded.name == request.name else replace(loaded, name=request.name)
+    loaded = loaded if loaded.name == request.name else replace(loaded, name=request.name)
+    size = size if size is not None else request.size
+    return loaded if size is None else loaded.at_size(size)
 
 
 def _load(request: Request, device: torch.device, progress: ProgressFn | None) -> LoadedModel:
@@ -334,6 +368,8 @@ def _from_timm(files: Files, config: dict, device: torch.device) -> LoadedModel:
         transform = Transform.from_timm(reference.pretrained_cfg)
     except ValueError as e:
         raise LoadError(f"{files.name!r}: its preprocessing is not supported ({e}).") from None
+    # timm's own rule at another size: the same crop_pct, resize floor(size / crop_pct)
+    transform_at = functools.partial(_timm_transform_at, dict(reference.pretrained_cfg))
     cfg, n = reference.pretrained_cfg, vit_config.num_classes
     labels = _label_list(cfg.get("label_names"), n, describe=cfg.get("label_descriptions") or {})
     if labels is None and (subset := infer_imagenet_subset(cfg)) is not None:
@@ -341,7 +377,22 @@ def _from_timm(files: Files, config: dict, device: torch.device) -> LoadedModel:
         labels = tuple(info.label_descriptions()) if info.num_classes() == n else None
     weights, weights_file = files.weights()
     return LoadedModel(files.name, _build("vit", vit_config, weights, device, files, weights_file), "vit",
-                       labels or _numbered(n), transform, files.source("timm", weights_file))
+                       labels or _numbered(n), transform, files.source("timm", weights_file), transform_at)
+
+
+def _timm_transform_at(pretrained_cfg: dict, size: int) -> Transform:
+    return Transform.from_timm({**pretrained_cfg, "input_size": (3, size, size)})
+
+
+def _cvt_transform_at(processor: dict, size: int) -> Transform:
+    return Transform.from_cvt_processor({**processor, "size": {"shortest_edge": size}})
+
+
+def _same_crop_share(transform: Transform, size: int) -> Transform:
+    """`transform` at another size, the crop keeping its share of the resized image (vitviz's bundles)."""
+    resize = transform.resize
+    scaled = (size, size) if isinstance(resize, tuple) else math.floor(resize * size / transform.crop[0])
+    return replace(transform, crop=(size, size), resize=scaled)
 
 
 def _vit_config(reference: nn.Module, name: str) -> ViTConfig:
@@ -357,7 +408,8 @@ def _vit_config(reference: nn.Module, name: str) -> ViTConfig:
     checks = {
         f"a {type(r).__name__}": type(r) in (VisionTransformer, VisionTransformerDistilled),
         f"global_pool {getattr(r, 'global_pool', None)!r}": getattr(r, "global_pool", None) in ("token", "avg"),
-        "no classifier head": isinstance(getattr(r, "head", None), nn.Linear),
+        "a classifier other than one linear layer": isinstance(getattr(r, "head", None), nn.Linear)
+        or (getattr(r, "num_classes", None) == 0 and isinstance(getattr(r, "head", None), nn.Identity)),
         "no learned position embedding": getattr(r, "pos_embed", None) is not None,
         "a patch embedding other than one conv": isinstance(proj, nn.Conv2d) and proj.kernel_size == proj.stride
         and proj.kernel_size[0] == proj.kernel_size[1] and not getattr(patch, "dynamic_img_pad", False),
@@ -405,7 +457,7 @@ def _from_transformers_cvt(files: Files, config: dict, device: torch.device) -> 
     weights, weights_file = files.weights()
     model = _build("cvt", cvt_config, convert_transformers_state_dict(weights), device, files, weights_file)
     return LoadedModel(files.name, model, "cvt", labels or _numbered(n), transform,
-                       files.source("transformers", weights_file))
+                       files.source("transformers", weights_file), functools.partial(_cvt_transform_at, processor))
 
 
 def _label_list(names, n: int, *, describe: dict | None = None) -> tuple[str, ...] | None:

@@ -4,6 +4,10 @@ views on demand from them (cached), so a slider move never reruns a model.
     runs = explain_image(image, [vitviz.load("vit-cifar10"), vitviz.load("cvt-cifar10")])
     runs[0].top(5), runs[0].token_map("rollout"), runs[0].view("rollout")
 
+A model without a classifier (DINO, DINOv2) has no predictions: `top()` is empty, and the methods
+that explain a class explain instead the similarity of its pooled output to a reference direction
+(`explain.SimilarityTarget`: its own pooled output, or the output of the token under a point).
+
 Every model pass goes through `MODEL_GATE`, which bounds how many run at once (the app's GPU or
 CPU is never oversubscribed, whoever calls).
 """
@@ -19,6 +23,7 @@ from typing import Sequence
 
 import numpy as np
 import torch
+from einops import rearrange
 from PIL import Image
 
 from . import explain, render
@@ -26,11 +31,6 @@ from .models.trace import Trace
 from .render.geometry import MAX_SIDE
 from .render.grid import KIND_NAMES
 
-METHODS = {   # name -> what captions call it; the public names of the map methods
-    "rollout": "attention rollout",
-    "grad-rollout": "gradient rollout",
-    "chefer": "Chefer relevance",
-}
 
 
 class ModelGate:
@@ -76,10 +76,11 @@ def trace_batch(loaded, pixels: torch.Tensor) -> list[Trace]:
     with MODEL_GATE(), torch.inference_mode(), autocast(pixels.device):
         trace = loaded.model.trace(pixels)
     cpu = lambda t: t.float().cpu()
-    return [Trace(logits=cpu(trace.logits[i:i + 1]),
-                  blocks=[replace(b, attn=cpu(b.attn[i:i + 1]), tokens=cpu(b.tokens[i:i + 1])) for b in trace.blocks],
-                  embeddings=trace.embeddings, features=[cpu(f[i:i + 1]) for f in trace.features],
-                  input_size=trace.input_size)
+    return [replace(trace, logits=cpu(trace.logits[i:i + 1]),
+                    blocks=[replace(b, attn=cpu(b.attn[i:i + 1]), tokens=cpu(b.tokens[i:i + 1])) for b in trace.blocks],
+                    features=[cpu(f[i:i + 1]) for f in trace.features],
+                    pooled=None if trace.pooled is None else cpu(trace.pooled[i:i + 1]),
+                    final_tokens=None if trace.final_tokens is None else cpu(trace.final_tokens[i:i + 1]))
             for i in range(pixels.shape[0])]
 
 
@@ -100,7 +101,21 @@ class ModelRun:
     def name(self) -> str:
         return self.loaded.name
 
+    @property
+    def has_classifier(self) -> bool:
+        return self.trace.has_classifier
+
+    @property
+    def no_classifier(self) -> str:
+        """What a model without a classifier means for the views, in words (for page text)."""
+        return (f"{self.name} has no classifier (it is a self-supervised feature extractor), so it predicts no "
+                f"class. Its attention, features and token norms are all there; the gradient methods explain the "
+                f"similarity of its pooled output to its own direction (or to the output of the token you click on "
+                f"the image) instead of a class, and there are no deletion or insertion curves, which follow a "
+                f"class's probability.")
+
     def top(self, k: int = 5) -> list[Prediction]:
+        """The k most probable classes, most probable first; [] for a model without a classifier."""
         probs, indices = self.probs.topk(min(k, len(self.probs)))
         return [Prediction(int(i), self.loaded.labels[int(i)], float(p)) for p, i in zip(probs, indices)]
 
@@ -108,6 +123,8 @@ class ModelRun:
         return self.loaded.labels[index]
 
     def target(self, target: int | None) -> int:
+        if not self.has_classifier:
+            raise ValueError(self.no_classifier)
         if target is None:
             return int(self.probs.argmax())
         if not 0 <= target < len(self.probs):
@@ -121,25 +138,55 @@ class ModelRun:
             return self._maps[key]
 
     def token_map(self, method: str, *, target: int | None = None, head_fusion: str = "mean",
-                  discard_ratio: float = 0.0, start_layer: int = 0) -> np.ndarray:
-        """gh gw float32 on the last token grid: 'rollout' (no target), 'grad-rollout' or 'chefer'."""
-        if method not in METHODS:
-            raise ValueError(f"unknown method {method!r}: choose one of {', '.join(METHODS)}")
-        if method == "rollout":
-            key = (method, head_fusion, discard_ratio, start_layer)
-            return self._cached(key, lambda: explain.attention_rollout(
-                self.trace, head_fusion=head_fusion, discard_ratio=discard_ratio, start_layer=start_layer)[0].numpy())
-        target = self.target(target)
-        if method == "grad-rollout":
-            compute = lambda: explain.gradient_rollout(self.loaded.model, self.pixels, [target],
-                                                       discard_ratio=discard_ratio, start_layer=start_layer)
-        else:
-            compute = lambda: explain.chefer_relevance(self.loaded.model, self.pixels, [target], start_layer=start_layer)
+                  discard_ratio: float = 0.0, start_layer: int = 0,
+                  point: tuple[float, float] | None = None) -> np.ndarray:
+        """gh gw float32 on the last token grid, for any of `explain.METHODS` (`target`: a class index,
+        default the top prediction; methods that explain no class ignore it). The knobs a method does
+        not read are ignored, so one call serves every method. A model without a classifier takes no
+        `target`: its targeted methods explain the similarity of its pooled output to the output of the
+        token under the display `point`, or without one to its own direction (`explain.SimilarityTarget`)."""
+        m = explain.method(method)
+        knobs = {"head_fusion": head_fusion, "discard_ratio": discard_ratio, "start_layer": start_layer}
+        params = {k: v for k, v in knobs.items() if k in m.params}
+        if not m.targeted:   # from the kept trace: no model pass
+            return self._cached((method, *params.values()), lambda: m.from_trace(self.trace, **params)[0].numpy())
+        model, target, key = self._explained(target, point)
 
         def gated():
             with MODEL_GATE():
-                return compute()[0].detach().float().cpu().numpy()
-        return self._cached((method, target, discard_ratio, start_layer), gated)
+                return m.maps(model, self.pixels, [target], **params)[0].detach().float().cpu().numpy()
+        return self._cached((method, key, *params.values()), gated)
+
+    def _explained(self, target: int | None, point) -> tuple:
+        """(what a targeted method explains, the class index to explain in it, a cache key for the two)."""
+        if self.has_classifier:
+            target = self.target(target)
+            return self.loaded.model, target, target
+        if target is not None:
+            raise ValueError(f"{self.name} has no classifier, so it has no class {target} to explain: leave the "
+                             f"target out (its pooled output is explained instead).")
+        token = self.similarity_token(point)
+        direction = self.trace.pooled[0] if token is None else self.trace.final_tokens[0, token]
+        return explain.SimilarityTarget(self.loaded.model, direction.to(self.pixels.device)), 0, ("similar", token)
+
+    def similarity_token(self, point: tuple[float, float] | None) -> int | None:
+        """The position in the token sequence of the grid token under a display point (None: no point, or
+        one the model never saw): the reference of a model without a classifier."""
+        block = self.trace.blocks[-1]
+        token = self._token_at(point, block) if point is not None else None
+        return None if token is None else block.prefix + token[0] * block.query_grid[1] + token[1]
+
+    def explained_target(self, method: str, *, target: int | None = None,
+                         point: tuple[float, float] | None = None) -> str | None:
+        """What a method's map explains, in words: the class, or a headless model's similarity target."""
+        if not explain.method(method).targeted:
+            return None
+        if self.has_classifier:
+            return f"class {self.label(self.target(target))}"
+        token = self.similarity_token(point)
+        if token is None:
+            return "the pooled output's length along its own direction"
+        return f"the pooled output's similarity to token {token}'s output"
 
     def attention_map(self, *, layer: int, head: int | None = None, point: tuple[float, float] | None = None,
                       direction: str = "row") -> np.ndarray:
@@ -166,33 +213,35 @@ class ModelRun:
         return block.query_grid[0] // 2, block.query_grid[1] // 2
 
     def faithfulness(self, method: str, *, target: int | None = None, steps: int = 16) -> dict:
-        """Deletion and insertion curves of a method's map and of a random order, with their AUCs."""
-        target = self.target(target)
-        saliency = torch.from_numpy(self.token_map(method, target=target))[None]
-        curves = {}
-        with MODEL_GATE():
-            for name, order in (("map", saliency), ("random", explain.random_saliency(saliency))):
-                for kind, curve in (("deletion", explain.deletion_curve), ("insertion", explain.insertion_curve)):
-                    c = curve(self.loaded.model, self.pixels, order.to(self.pixels.device), target=[target], steps=steps)
-                    curves[f"{kind}/{name}"] = c
-        fractions = next(iter(curves.values())).fractions
-        return {"target": target, "fractions": fractions.tolist(),
-                **{k: {"scores": c.scores[0].tolist(), "auc": float(c.auc[0])} for k, c in curves.items()}}
+        """Deletion and insertion curves of a method's map and of a random order, with their AUCs (kept)."""
+        return faithfulness_curves([self], method, targets=[target], steps=steps)[0]
 
     # -- views: captioned h w 3 uint8 images in the original image's frame --------------------------------
 
     def map_view(self, method: str, *, values: np.ndarray | None = None, target: int | None = None,
                  scale: tuple[float, float] | None = None, mode: str = "bilinear", style: str = "heatmap",
-                 cmap: str = render.DEFAULT_CMAP, **params) -> np.ndarray:
+                 cmap: str | None = None, **params) -> np.ndarray:
         """A method's map over the image with its colour bar; `values` (e.g. per-uniform units) and
-        `scale` (vmin, vmax) let several panels share one colour scale."""
+        `scale` (vmin, vmax) let several panels share one colour scale. A signed map (relevance) is drawn
+        on a scale symmetric about 0, in `render.SIGNED_CMAP` unless `cmap` says otherwise."""
+        m = explain.method(method)
         if values is None:
             values = self.token_map(method, target=target, **params)
-        vmin, vmax = scale if scale is not None else (float(values.min()), float(values.max()))
+        if scale is not None:
+            vmin, vmax = scale
+        elif m.signed:
+            vmax = max(float(np.abs(values).max()), np.finfo(np.float32).tiny)
+            vmin = -vmax
+        else:
+            vmin, vmax = float(values.min()), float(values.max())
+        cmap = cmap or (render.SIGNED_CMAP if m.signed else render.DEFAULT_CMAP)
         view = render.overlay(self.canvas, values, mode=mode, style=style, cmap=cmap, vmin=vmin, vmax=vmax)
         view = render.with_colorbar(view, vmin=vmin, vmax=vmax, cmap=cmap)
-        label = None if method == "rollout" else self.label(self.target(target))
-        return render.caption(view, model=self.name, method=METHODS[method], target=label)
+        if m.targeted and not self.has_classifier:
+            explained = self.explained_target(method, point=params.get("point"))
+            return render.caption(view, model=self.name, method=f"{m.title} of {explained}")
+        label = self.label(self.target(target)) if m.targeted else None
+        return render.caption(view, model=self.name, method=m.title, target=label)
 
     def attention_view(self, *, layer: int, head: int | None = None, point: tuple[float, float] | None = None,
                        direction: str = "row", cmap: str = render.DEFAULT_CMAP) -> np.ndarray:
@@ -208,15 +257,30 @@ class ModelRun:
                               note=f"stage {block.stage + 1}" if len(self.trace.embeddings) > 1 else None)
 
     def grid_views(self, *, point: tuple[float, float] | None = None) -> list[np.ndarray]:
-        """How the model cuts the image into tokens: ViT's patch grid, or each CvT stage's lattice."""
-        fields = self.canvas.fields
-        if len(fields) == 1 and fields[0].stride == fields[0].size:
+        """How the model cuts the image into tokens: ViT's patch grid, or each CvT stage's lattice, with what
+        they show written on them (files that travel alone)."""
+        if self._patch_grid:
             kinds = self.trace.blocks[0].prefix_kinds
             view = render.patch_grid(self.canvas, prefix_kinds=kinds, point=point)
             return [render.caption(view, model=self.name, method="patch grid",
-                                   note=render.prefix_legend(kinds, fields[0].grid))]
+                                   note=render.prefix_legend(kinds, self.canvas.fields[0].grid))]
         return [render.caption(view, model=self.name, method=f"stage {i + 1} tokens")
                 for i, view in enumerate(render.stage_grids(self.canvas, point=point))]
+
+    def grid_gallery(self, *, point: tuple[float, float] | None = None) -> list[tuple[np.ndarray, str]]:
+        """`grid_views` for a page: the drawings, with what they say as captions (page text) rather than pixels."""
+        if self._patch_grid:
+            kinds = self.trace.blocks[0].prefix_kinds
+            return [(render.patch_grid(self.canvas, prefix_kinds=kinds, point=point),
+                     f"{self.name} · patch grid · {render.prefix_legend(kinds, self.canvas.fields[0].grid)}")]
+        return [(view, f"{self.name} · " + "; ".join(render.stage_lines(self.canvas, i, point=point)))
+                for i, view in enumerate(render.stage_grids(self.canvas, point=point, legend=False))]
+
+    @property
+    def _patch_grid(self) -> bool:
+        """Whether the model's tokens are one grid of non-overlapping patches (ViT), not overlapping stages."""
+        fields = self.canvas.fields
+        return len(fields) == 1 and fields[0].stride == fields[0].size
 
     def stage_views(self) -> list[np.ndarray]:
         """Per stage: the features' first three principal components as RGB, and the per-token norms."""
@@ -235,11 +299,141 @@ class ModelRun:
     def norm_view(self, layer: int) -> np.ndarray:
         grids, prefixes = explain.token_norms(self.trace)
         block = self.trace.blocks[layer]
-        names = [KIND_NAMES.get(k, k) for k in block.prefix_kinds]
-        prefix = {f"{n} {i}" if names.count(n) > 1 else n: float(v)
-                  for i, (n, v) in enumerate(zip(names, prefixes[layer][0]))}
+        prefix = {name: float(v) for name, v in zip(prefix_names(block.prefix_kinds), prefixes[layer][0])}
         view = render.token_norm_map(self.canvas, grids[layer][0], field=block.stage, prefix_norms=prefix)
         return render.caption(view, model=self.name, method="token norms", layer=layer + 1)
+
+    # -- views that need no class, each (image, caption): the caption is what the app shows as page text ---------
+
+    def _query(self, layer: int, point) -> explain.attention.Token:
+        """The token whose attention a view shows: the one under the display `point`, else the class token
+        (a model or CvT stage without one: the centre token)."""
+        block = self.trace.blocks[layer]
+        token = self._token_at(point, block) if point is not None else None
+        if token is not None:
+            return token
+        return "cls" if "cls" in block.prefix_kinds else self._centre_token(block)
+
+    @staticmethod
+    def _token_words(token) -> str:
+        return "the class token" if token == "cls" else f"the token at row {token[0]}, column {token[1]}"
+
+    def head_views(self, *, layer: int = -1, point: tuple[float, float] | None = None, fraction: float | None = None,
+                   style: str = "outline") -> tuple[list[tuple[np.ndarray, str]], str]:
+        """Every head of block `layer` (default the last): where the class token (or the token under the display
+        `point`) looks, each head on its own colour scale, their mean first. With `fraction`, each map's
+        smallest token set holding that share of its attention (`explain.mass_threshold`), drawn as `style`:
+        'outline' or 'mask'. -> (the views with short captions, one line that says what they all show)."""
+        layer = range(len(self.trace.blocks))[layer]
+        block, token = self.trace.blocks[layer], self._query(layer, point)
+        maps = explain.head_attention(self.trace, layer=layer, query=token, on_query_grid=True)[0]   # h gh gw
+        maps = torch.cat([maps.mean(dim=0, keepdim=True), maps])
+        masks = explain.mass_threshold(maps, fraction).numpy() if fraction else [None] * len(maps)
+        views = []
+        for k, (values, mask) in enumerate(zip(maps.numpy(), masks)):
+            image = render.head_tile(self.canvas, values, field=block.stage, mask=mask, style=style, point=point)
+            head = f"mean of the {len(maps) - 1} heads" if k == 0 else f"head {k}"
+            views.append((image, head if mask is None else f"{head} · {int(mask.sum())} of {mask.size} tokens"))
+        kept = "" if fraction is None else (f"; {'outlined' if style == 'outline' else 'unmasked'}: the fewest tokens "
+                                            f"holding {fraction:.0%} of each map's attention")
+        return views, (f"{self.name}, layer {layer + 1}: where {self._token_words(token)} looks, every head on its own "
+                       f"colour scale{kept}")
+
+    def model_view(self, *, point: tuple[float, float] | None = None, fraction: float | None = None,
+                   style: str = "outline", side: int = 160) -> list[tuple[np.ndarray, str]]:
+        """Every layer x head (the "model view"): per layer, its heads as `side`-px tiles in one row, head 1
+        on the left, for the class token or the token under the display `point` (`head_views`' options)."""
+        views = []
+        for layer, block in enumerate(self.trace.blocks):
+            token = self._query(layer, point)
+            maps = explain.head_attention(self.trace, layer=layer, query=token, on_query_grid=True)[0]
+            masks = explain.mass_threshold(maps, fraction).numpy() if fraction else None
+            strip = render.layer_strip(self.canvas, maps.numpy(), field=block.stage, masks=masks, style=style, side=side)
+            views.append((strip, f"layer {layer + 1}: heads 1-{len(maps)}, left to right; {self._token_words(token)}"))
+        return views
+
+    def feature_pca_view(self) -> tuple[np.ndarray, str]:
+        """The DINOv2 paper's picture of the last layer's patch features (`render.foreground_pca`): a ViT's
+        patch tokens through the final norm, as DINOv2 shows them; a CvT's stage-3 feature map."""
+        stage = len(self.trace.features) - 1
+        if self.trace.final_tokens is not None:
+            block = self.trace.blocks[-1]
+            h, w = block.query_grid
+            features = rearrange(self.trace.final_tokens[0, block.prefix:], '(h w) c -> c h w', h=h, w=w)
+        else:
+            features = self.trace.features[stage][0]
+        view, foreground = render.foreground_pca_view(self.canvas, features, stage=stage)
+        return view, (f"{self.name} · last layer's patch features: the first three principal components of the "
+                      f"{int(foreground.sum())} foreground tokens (of {foreground.size}) as red, green and blue; the "
+                      f"background (black) is the side of the first component's mean that holds more of the border")
+
+    def artefact_views(self, *, layer: int = -1) -> tuple[list[tuple[np.ndarray, str]], list[tuple[np.ndarray, str]], str]:
+        """The high-norm artefact tokens of block `layer` (`explain.artefact_tokens`): (the token norms with them
+        ringed and the class token's attention (head mean) with them ringed; each register's own attention,
+        [] without registers; a summary in words: their count, the share of the class token's attention on them)."""
+        layer = range(len(self.trace.blocks))[layer]
+        block = self.trace.blocks[layer]
+        field = self.canvas.fields[block.stage]
+        grids, prefixes = explain.token_norms(self.trace)
+        norms = grids[layer][0].numpy()
+        artefacts = explain.artefact_tokens(self.trace, layer=layer)[0].numpy()
+        count, median = int(artefacts.sum()), float(np.median(norms))
+        found = {0: "no high-norm tokens", 1: "1 high-norm token"}.get(count, f"{count} high-norm tokens")
+        prefix = ", ".join(f"{name} {float(v):.3g}" for name, v in zip(prefix_names(block.prefix_kinds),
+                                                                       prefixes[layer][0]))
+        views = [(render.token_norm_map(self.canvas, norms, field=field, legend=False),
+                  f"{self.name} · token norms at layer {layer + 1}: median {median:.3g}, largest {norms.max():.3g}; "
+                  f"{found}" + (" (ringed)" if count else "") + (f"; {prefix}" if prefix else ""))]
+        summary = (f"**{self.name}**, layer {layer + 1}: **{found}** (a norm more than {explain.OUTLIER_Z:g} robust "
+                   f"standard deviations above the median, {median:.3g})")
+        if "cls" in block.prefix_kinds:
+            attention = explain.query_attention(self.trace, layer=layer, query="cls", on_query_grid=True)[0].numpy()
+            view = render.overlay(self.canvas, attention, field=field)
+            render.ring_tokens(view, self.canvas, artefacts, field=field)
+            share = float(attention[artefacts].sum() / attention.sum())
+            on_them = f": {share:.0%} of it on the {found} (ringed)" if count else ""
+            views.append((view, f"{self.name} · where the class token looks at layer {layer + 1} (head mean){on_them}"))
+            summary += f", which draw {share:.0%} of the class token's attention" if count else ""
+        registers = []
+        for n, k in enumerate(k for k, kind in enumerate(block.prefix_kinds) if kind == "reg"):
+            attention = explain.query_attention(self.trace, layer=layer, query=k, on_query_grid=True)[0].numpy()
+            registers.append((render.overlay(self.canvas, attention, field=field),
+                              f"{self.name} · where register {n + 1} looks at layer {layer + 1} (head mean)"))
+        summary += f"; {len(registers)} register tokens" if registers else "; no register tokens"
+        return views, registers, summary + "."
+
+
+def prefix_names(kinds: Sequence[str]) -> list[str]:
+    """'class token', 'register 1', 'register 2', ...: the prefix tokens by kind, numbered where a kind repeats."""
+    names = [KIND_NAMES.get(k, k) for k in kinds]
+    return [f"{name} {names[:i + 1].count(name)}" if names.count(name) > 1 else name for i, name in enumerate(names)]
+
+
+def faithfulness_curves(runs: Sequence[ModelRun], method: str, *, targets: Sequence[int | None] | None = None,
+                        steps: int = 16) -> list[dict]:
+    """`ModelRun.faithfulness` of several runs of one model at once: every step of both curves, of each
+    run's map and of its random order, goes through the model in the same batched forwards. Each run
+    keeps its result, so asking it again costs nothing."""
+    targets = [run.target(t) for run, t in zip(runs, targets or [None] * len(runs))]
+    keys = [("faithfulness", method, target, steps) for target in targets]
+    todo = [i for i, (run, key) in enumerate(zip(runs, keys)) if key not in run._maps]
+    if todo:
+        pixels = torch.cat([runs[i].pixels for i in todo])
+        maps = torch.stack([torch.from_numpy(runs[i].token_map(method, target=targets[i])) for i in todo])
+        orders = torch.stack([maps, torch.stack([explain.random_saliency(m) for m in maps])]).to(pixels.device)
+        (fractions, deletion), (_, insertion) = (explain.faithfulness.deletion(pixels, orders, steps=steps),
+                                                 explain.faithfulness.insertion(pixels, orders, steps=steps))
+        with MODEL_GATE():
+            scores = explain.faithfulness.score(runs[0].loaded.model, [deletion, insertion],
+                                                torch.tensor([targets[i] for i in todo], device=pixels.device))
+        for j, i in enumerate(todo):
+            curves = {"target": targets[i], "fractions": fractions.tolist()}
+            for kind, s in zip(("deletion", "insertion"), scores):
+                for k, name in enumerate(("map", "random")):
+                    y = s.probs[k, j]
+                    curves[f"{kind}/{name}"] = {"scores": y.tolist(), "auc": float(torch.trapezoid(y, fractions))}
+            runs[i]._cached(keys[i], lambda: curves)
+    return [run._maps[key] for run, key in zip(runs, keys)]
 
 
 def decode_side(models: Sequence) -> tuple[int, int]:

@@ -9,7 +9,6 @@ epoch is logged (`log.jsonl`) and checkpointed (`train_state.pt`), and `--resume
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import math
 import sys
@@ -19,10 +18,10 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from PIL import Image
 from tqdm import tqdm
 
 from .bundle import save_bundle
+from .data import DataError, open_npz, spread
 from .models import CvTConfig, CvTStageConfig, FAMILIES, ViTConfig, num_params
 from .preprocess import Transform
 
@@ -48,20 +47,15 @@ ARCHITECTURES = {
 
 
 def load_cifar10(path: str | Path, split: str, limit: int | None = None) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
-    """-> (uint8 images n 3 32 32, int64 labels n, class names) from the shared JPEG npz."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"CIFAR-10 data not found at {path}: expected ../shared/data/cifar10_jpeg.npz "
-                                f"beside the repository (pass its path with --data)")
-    data = np.load(path)
-    raw, offsets = data[f"{split}_bytes"], data[f"{split}_offsets"]
-    total = len(offsets) - 1
-    # the file is ordered by class: a limited subset is spread evenly over it
-    picks = np.arange(total) if limit is None else np.linspace(0, total - 1, min(limit, total)).round().astype(int)
-    images = np.stack([np.asarray(Image.open(io.BytesIO(raw[offsets[i]:offsets[i + 1]].tobytes())).convert("RGB"))
-                       for i in picks])
-    labels = torch.from_numpy(data[f"{split}_labels"][picks].astype(np.int64))
-    return torch.from_numpy(images).permute(0, 3, 1, 2).contiguous(), labels, [str(c) for c in data["class_names"]]
+    """-> (uint8 images n 3 32 32, int64 labels n, class names) from the shared JPEG npz; a limited
+    subset is spread evenly over the file, which is ordered by class."""
+    data = open_npz(path, split=split)
+    if data.labels is None:
+        raise DataError(f"{path}: training needs labels, and the file has no {split}_labels")
+    picks = spread(len(data), limit)
+    images = np.stack([np.asarray(data.image(i)) for i in picks])
+    labels = torch.tensor([data.labels[i] for i in picks], dtype=torch.int64)
+    return torch.from_numpy(images).permute(0, 3, 1, 2).contiguous(), labels, list(data.classes)
 
 
 def augment(images: torch.Tensor, generator: torch.Generator, pad: int = 4) -> torch.Tensor:

@@ -4,17 +4,26 @@ Every map is a b gh gw tensor on a token grid of the model; ViT and CvT are told
 trace's structure (key windows, stages, prefix tokens), never by class names. CvT's adaptation of
 rollout (the key-to-query operator D) is derived in `cvt.py`.
 """
-from .attention import class_attention, key_attention, query_attention
+from .artefacts import OUTLIER_Z, artefact_tokens, outliers
+from .attention import class_attention, head_attention, key_attention, query_attention
 from .cvt import keys_to_queries, queries_to_keys, spread_to_input
 from .distance import mean_attention_distance, token_centres
 from .faithfulness import Curve, deletion_curve, insertion_curve, random_saliency
+from .gradcam import gradcam, gradcam_from_trace
+from .heads import DEFAULT_MASS, mass_threshold
+from .methods import FAMILIES, METHODS, Method, method
 from .gradients import (attention_gradients, chefer_relevance, chefer_relevance_from_trace, gradient_rollout,
                         gradient_rollout_from_trace, resolve_target)
+from .legrad import legrad, legrad_from_trace
+from .lrp import attnlrp
 from .norms import token_norms
 from .rollout import HEAD_FUSIONS, attention_rollout
+from .similarity import SimilarityTarget
 
-__all__ = ["HEAD_FUSIONS", "Curve", "attention_gradients", "attention_rollout", "chefer_relevance",
-           "chefer_relevance_from_trace", "class_attention", "deletion_curve", "gradient_rollout",
-           "gradient_rollout_from_trace", "insertion_curve", "key_attention", "keys_to_queries",
-           "mean_attention_distance", "queries_to_keys", "query_attention", "random_saliency", "resolve_target",
-           "spread_to_input", "token_centres", "token_norms"]
+__all__ = ["FAMILIES", "HEAD_FUSIONS", "METHODS", "Curve", "Method", "attention_gradients", "attention_rollout", "attnlrp",
+           "chefer_relevance", "chefer_relevance_from_trace", "class_attention", "deletion_curve", "gradcam",
+           "gradcam_from_trace", "gradient_rollout", "gradient_rollout_from_trace", "insertion_curve", "key_attention",
+           "keys_to_queries", "legrad", "legrad_from_trace", "mean_attention_distance", "method", "queries_to_keys",
+           "query_attention", "random_saliency", "resolve_target", "spread_to_input", "token_centres", "token_norms",
+           "DEFAULT_MASS", "OUTLIER_Z", "SimilarityTarget", "artefact_tokens", "head_attention", "mass_threshold",
+           "outliers"]

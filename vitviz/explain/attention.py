@@ -14,7 +14,9 @@ from torch import Tensor
 from ..models.trace import BlockTrace, Trace
 from .cvt import keys_to_queries, queries_to_keys
 
-Token = tuple[int, int] | str   # (row, col) on the block's query grid, or a prefix kind: 'cls', 'dist', 'reg'
+# (row, col) on the block's query grid; a prefix kind: 'cls', 'dist', 'reg' (the first of its kind); or a
+# position in the block's token sequence (prefix tokens first: register k of a [cls, reg x4] model is 1 + k)
+Token = tuple[int, int] | str | int
 
 
 def _block(trace: Trace, layer: int) -> BlockTrace:
@@ -25,6 +27,10 @@ def _block(trace: Trace, layer: int) -> BlockTrace:
 
 def _token_index(block: BlockTrace, token: Token) -> int:
     """Position of `token` among the block's query tokens (prefix first)."""
+    if isinstance(token, int):
+        if not 0 <= token < block.attn.shape[2]:
+            raise ValueError(f"token {token} is not one of the block's {block.attn.shape[2]} query tokens")
+        return token
     if isinstance(token, str):
         if token not in block.prefix_kinds:
             raise ValueError(f"this block has no {token!r} token (its prefix tokens: {block.prefix_kinds or 'none'})")
@@ -62,8 +68,13 @@ def query_attention(trace: Trace, *, layer: int, query: Token = "cls", head: int
 
 def class_attention(trace: Trace, *, layer: int = -1, on_query_grid: bool = False) -> Tensor:
     """Every head's class-token row in block `layer`: b h kh kw over the key grid (CvT: stage 3 only)."""
+    return head_attention(trace, layer=layer, query="cls", on_query_grid=on_query_grid)
+
+
+def head_attention(trace: Trace, *, layer: int = -1, query: Token = "cls", on_query_grid: bool = False) -> Tensor:
+    """Where `query` looks in block `layer`, every head apart: b h kh kw over the key grid (prefix keys dropped)."""
     block = _block(trace, layer)
-    rows = block.attn.detach()[:, :, _token_index(block, "cls")]   # b h nk
+    rows = block.attn.detach()[:, :, _token_index(block, query)]   # b h nk
     if on_query_grid:
         heads = rows.shape[1]
         rows = rearrange(keys_to_queries(rearrange(rows, 'b h n -> (b h) n'), block), '(b h) n -> b h n', h=heads)

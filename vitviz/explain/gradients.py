@@ -31,6 +31,9 @@ Target = int | Sequence[int] | Tensor | None
 def resolve_target(logits: Tensor, target: Target) -> Tensor:
     """b classes logits, target -> b class indices: None = each image's top prediction; an int = for every image."""
     batch, classes = logits.shape
+    if not classes:
+        raise ValueError("the model has no classifier, so there is no class to explain: explain "
+                         "`explain.SimilarityTarget(model, direction)` of it instead")
     if target is None:
         return logits.detach().argmax(dim=-1)
     target = torch.as_tensor(target, device=logits.device).long().reshape(-1)

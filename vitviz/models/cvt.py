@@ -3,7 +3,8 @@
 Three stages, each a convolutional token embedding followed by pre-norm blocks whose q, k and v
 come from depthwise 3x3 conv + BatchNorm projections (keys and values at stride 2). The class
 token exists only where a stage asks for it (the last one) and skips the convolutions.
-`convert_transformers_state_dict` maps `CvtForImageClassification` weights onto these names.
+`convert_transformers_state_dict` maps `CvtForImageClassification` weights onto these names. The
+layers come from `relevance.py`: torch's own, unless relevance rules (AttnLRP) are switched on.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
+from .relevance import GELU, GammaConv2d, GammaLinear, LayerNorm, QuickGELU, attention_inputs
 from .trace import BlockTrace, Embedding, Trace, Window
 
 LN_EPS = 1e-5   # every CvT LayerNorm; transformers never reads config.layer_norm_eps
@@ -88,17 +90,12 @@ CVT_21 = _stages((64, 192, 384), (1, 3, 6), (1, 4, 16))
 CVT_W24 = _stages((192, 768, 1024), (3, 12, 16), (2, 2, 20))
 
 
-class QuickGELU(nn.Module):
-    def forward(self, x: Tensor) -> Tensor:
-        return x * torch.sigmoid(1.702 * x)
-
-
 class ConvEmbed(nn.Module):
     def __init__(self, *, in_chans: int, dim: int, window: Window):
         super().__init__()
         self.window = window
-        self.proj = nn.Conv2d(in_chans, dim, kernel_size=window.kernel, stride=window.stride, padding=window.padding)
-        self.norm = nn.LayerNorm(dim, eps=LN_EPS)
+        self.proj = GammaConv2d(in_chans, dim, kernel_size=window.kernel, stride=window.stride, padding=window.padding)
+        self.norm = LayerNorm(dim, eps=LN_EPS)
 
     def forward(self, x: Tensor) -> Tensor:
         x = self.proj(x)
@@ -141,9 +138,9 @@ class ConvAttention(nn.Module):
         def tokens(m: Tensor) -> Tensor:   # the class token bypasses the convolutions
             return torch.cat([cls, rearrange(m, 'b c h w -> b (h w) c')], dim=1)
 
-        q = rearrange(self.q(tokens(self.conv_q(fmap))), 'b n (h d) -> b h n d', h=self.heads)
-        k = rearrange(self.k(tokens(k_map)), 'b n (h d) -> b h n d', h=self.heads)
-        v = rearrange(self.v(tokens(self.conv_v(fmap))), 'b n (h d) -> b h n d', h=self.heads)
+        q, k, v = attention_inputs(self.q(tokens(self.conv_q(fmap))), self.k(tokens(k_map)),
+                                   self.v(tokens(self.conv_v(fmap))))
+        q, k, v = (rearrange(t, 'b n (h d) -> b h n d', h=self.heads) for t in (q, k, v))
         if return_attn:
             attn = (q @ k.transpose(-2, -1) * self.scale).softmax(dim=-1)   # b h nq nk
             out = attn @ v
@@ -155,9 +152,9 @@ class ConvAttention(nn.Module):
 class Mlp(nn.Module):
     def __init__(self, *, dim: int, hidden_dim: int, act: str):
         super().__init__()
-        self.fc1 = nn.Linear(dim, hidden_dim)
-        self.act = nn.GELU() if act == "gelu" else QuickGELU()
-        self.fc2 = nn.Linear(hidden_dim, dim)
+        self.fc1 = GammaLinear(dim, hidden_dim)
+        self.act = GELU() if act == "gelu" else QuickGELU()
+        self.fc2 = GammaLinear(hidden_dim, dim)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.fc2(self.act(self.fc1(x)))
@@ -167,17 +164,19 @@ class Block(nn.Module):
     def __init__(self, *, stage: CvTStageConfig, act: str):
         s = stage
         super().__init__()
-        self.norm1 = nn.LayerNorm(s.embed_dim, eps=LN_EPS)
+        self.norm1 = LayerNorm(s.embed_dim, eps=LN_EPS)
         self.attn = ConvAttention(dim=s.embed_dim, heads=s.num_heads, qkv_bias=s.qkv_bias,
                                   q_window=Window(s.kernel_qkv, 1, s.padding_q),
                                   kv_window=Window(s.kernel_qkv, s.stride_kv, s.padding_kv))
-        self.norm2 = nn.LayerNorm(s.embed_dim, eps=LN_EPS)
+        self.norm2 = LayerNorm(s.embed_dim, eps=LN_EPS)
         self.mlp = Mlp(dim=s.embed_dim, hidden_dim=int(s.embed_dim * s.mlp_ratio), act=act)
 
     def forward(self, x: Tensor, grid: tuple[int, int], prefix: int, return_attn: bool = False):
-        out, attn, key_grid = self.attn(self.norm1(x), grid, prefix, return_attn)
+        """-> (output tokens, attention or None, key grid, first norm's output)."""
+        normed = self.norm1(x)
+        out, attn, key_grid = self.attn(normed, grid, prefix, return_attn)
         x = x + out
-        return x + self.mlp(self.norm2(x)), attn, key_grid
+        return x + self.mlp(self.norm2(x)), attn, key_grid, normed
 
 
 class Stage(nn.Module):
@@ -189,8 +188,9 @@ class Stage(nn.Module):
         self.cls_token = nn.Parameter(torch.zeros(1, 1, s.embed_dim)) if s.cls_token else None
         self.blocks = nn.ModuleList([Block(stage=s, act=act) for _ in range(s.depth)])
 
-    def forward(self, fmap: Tensor, trace: list[BlockTrace] | None = None, index: int = 0):
-        """b c h w -> (b c' h' w' feature map, b 1 c' class token or None); appends to `trace` if given."""
+    def forward(self, fmap: Tensor, trace: list[BlockTrace] | None = None, index: int = 0, keep_normed: bool = False):
+        """b c h w -> (b c' h' w' feature map, b 1 c' class token or None); appends to `trace` if given
+        (with each block's first-norm output if `keep_normed`)."""
         x = self.patch_embed(fmap)
         grid = (x.shape[2], x.shape[3])
         x = rearrange(x, 'b c h w -> b (h w) c')
@@ -198,10 +198,11 @@ class Stage(nn.Module):
         if self.cls_token is not None:
             x, prefix = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1), 1
         for block in self.blocks:
-            x, attn, key_grid = block(x, grid, prefix, return_attn=trace is not None)
+            x, attn, key_grid, normed = block(x, grid, prefix, return_attn=trace is not None)
             if trace is not None:
                 trace.append(BlockTrace(attn=attn, tokens=x, stage=index, query_grid=grid, key_grid=key_grid,
-                                        key_window=block.attn.kv_window, prefix_kinds=("cls",) * prefix))
+                                        key_window=block.attn.kv_window, prefix_kinds=("cls",) * prefix,
+                                        normed=normed if keep_normed else None))
         fmap = rearrange(x[:, prefix:], 'b (h w) c -> b c h w', h=grid[0], w=grid[1])
         return fmap, (x[:, :1] if prefix else None)
 
@@ -213,8 +214,8 @@ class CvT(nn.Module):
         chans = (config.in_chans,) + tuple(s.embed_dim for s in config.stages)
         self.stages = nn.ModuleList([Stage(stage=s, in_chans=chans[i], act=config.act)
                                      for i, s in enumerate(config.stages)])
-        self.norm = nn.LayerNorm(chans[-1], eps=LN_EPS)
-        self.head = nn.Linear(chans[-1], config.num_classes)
+        self.norm = LayerNorm(chans[-1], eps=LN_EPS)
+        self.head = GammaLinear(chans[-1], config.num_classes)
         for m in self.modules():
             if isinstance(m, nn.Linear):
                 nn.init.trunc_normal_(m.weight, std=0.02)
@@ -223,28 +224,42 @@ class CvT(nn.Module):
             if stage.cls_token is not None:
                 nn.init.trunc_normal_(stage.cls_token, std=0.02)
 
+    def embeddings(self, input_size: tuple[int, int]) -> list[Embedding]:
+        """Each stage's convolutional token embedding for pixels of `input_size` (h, w), as `trace` reports it."""
+        embeddings, grid = [], tuple(input_size)
+        for stage in self.stages:
+            w = stage.patch_embed.window
+            out = tuple((n + 2 * w.padding - w.kernel) // w.stride + 1 for n in grid)
+            embeddings.append(Embedding(w, grid, out))
+            grid = out
+        return embeddings
+
     def forward(self, pixels: Tensor) -> Tensor:
         x = pixels
         for stage in self.stages:
             x, cls = stage(x)
         return self.head(self.norm(cls[:, 0]))
 
+    def pooled_logits(self, tokens: Tensor) -> Tensor:
+        """A last-stage block's b n c tokens -> logits of their mean (class token included) through the final
+        norm and the classifier: LeGrad's per-layer score."""
+        return self.head(self.norm(tokens.mean(dim=1)))
+
     def trace(self, pixels: Tensor, *, grad: bool = False) -> Trace:
         """One forward pass that returns every attention map, block output and stage feature map.
 
         With grad=True the graph is kept, so `torch.autograd.grad(logit, trace.attentions)` works.
         """
-        blocks, features, embeddings = [], [], []
+        blocks, features = [], []
         with torch.set_grad_enabled(grad):
             x = pixels.detach().requires_grad_(True) if grad else pixels
             for i, stage in enumerate(self.stages):
-                in_grid = (x.shape[2], x.shape[3])
-                x, cls = stage(x, trace=blocks, index=i)
+                x, cls = stage(x, trace=blocks, index=i, keep_normed=grad)
                 features.append(x)
-                embeddings.append(Embedding(stage.patch_embed.window, in_grid, (x.shape[2], x.shape[3])))
             logits = self.head(self.norm(cls[:, 0]))
-        return Trace(logits=logits, blocks=blocks, embeddings=embeddings, features=features,
-                     input_size=(pixels.shape[2], pixels.shape[3]))
+        input_size = (pixels.shape[2], pixels.shape[3])
+        return Trace(logits=logits, blocks=blocks, embeddings=self.embeddings(input_size), features=features,
+                     input_size=input_size)
 
 
 # transformers' CvtForImageClassification names -> ours, applied in order

@@ -37,6 +37,8 @@ class BlockTrace:
     key_grid: tuple[int, int]
     key_window: Window             # query grid -> key grid (CvT's k/v conv; identity for ViT)
     prefix_kinds: tuple[str, ...]  # 'cls', 'dist', 'reg' tokens in front of the grid tokens
+    normed: Tensor | None = None   # b n c, the first LayerNorm's output (what the attention reads; Grad-CAM's
+                                   # layer), kept by traces made with grad=True only
 
     @property
     def prefix(self) -> int:
@@ -45,11 +47,19 @@ class BlockTrace:
 
 @dataclass
 class Trace:
-    logits: Tensor                 # b classes
+    logits: Tensor                 # b classes; b 0 for a model without a classifier (headless: see `pooled`)
     blocks: list[BlockTrace]       # forward order
     embeddings: list[Embedding]    # one per stage
     features: list[Tensor]         # per stage, b c h w grid tokens after the stage's last block
     input_size: tuple[int, int]    # (h, w) of the pixels the model saw
+    pooled: Tensor | None = None        # b c, what the classifier reads (timm's pre-logits): a headless model's
+                                        # output (ViT; None for CvT)
+    final_tokens: Tensor | None = None  # b n c, the last block's tokens through the final norm, as timm's
+                                        # forward_features returns them (ViT; None for CvT)
+
+    @property
+    def has_classifier(self) -> bool:
+        return self.logits.shape[-1] > 0
 
     @property
     def attentions(self) -> list[Tensor]:

@@ -1,7 +1,8 @@
 """Vision Transformer (Dosovitskiy et al. 2020), with DeiT distillation and register tokens.
 
 Parameter names are timm's (`patch_embed.proj`, `blocks.i.attn.qkv`, `norm`, `head`, ...), so a
-timm `VisionTransformer` / `VisionTransformerDistilled` state dict loads 1:1.
+timm `VisionTransformer` / `VisionTransformerDistilled` state dict loads 1:1. The layers come from
+`relevance.py`: torch's own, unless relevance rules (AttnLRP) are switched on for one pass.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
+from .relevance import GELU, GammaConv2d, GammaLinear, LayerNorm, attention_inputs
 from .trace import BlockTrace, Embedding, Trace, Window
 
 LN_EPS = 1e-6
@@ -22,7 +24,7 @@ class ViTConfig:
     img_size: tuple[int, int] = (224, 224)   # the size pos_embed was trained for
     patch_size: int = 16
     in_chans: int = 3
-    num_classes: int = 1000
+    num_classes: int = 1000        # 0: no classifier (self-supervised DINO / DINOv2), head Identity as in timm
     embed_dim: int = 768
     depth: int = 12
     num_heads: int = 12
@@ -80,7 +82,7 @@ class Attention(nn.Module):
 
     def forward(self, x: Tensor, return_attn: bool = False, queries: int | None = None) -> tuple[Tensor, Tensor | None]:
         """queries: only the first that many tokens attend (all by default); every token is still a key."""
-        q, k, v = rearrange(self.qkv(x), 'b n (three h d) -> three b h n d', three=3, h=self.heads)
+        q, k, v = attention_inputs(*rearrange(self.qkv(x), 'b n (three h d) -> three b h n d', three=3, h=self.heads))
         q = q[:, :, :queries]
         if return_attn:
             attn = (q * self.scale @ k.transpose(-2, -1)).softmax(dim=-1)   # b h n n
@@ -102,9 +104,9 @@ class LayerScale(nn.Module):
 class Mlp(nn.Module):
     def __init__(self, *, dim: int, hidden_dim: int):
         super().__init__()
-        self.fc1 = nn.Linear(dim, hidden_dim)
-        self.act = nn.GELU()
-        self.fc2 = nn.Linear(hidden_dim, dim)
+        self.fc1 = GammaLinear(dim, hidden_dim)
+        self.act = GELU()
+        self.fc2 = GammaLinear(hidden_dim, dim)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.fc2(self.act(self.fc1(x)))
@@ -114,24 +116,27 @@ class Block(nn.Module):
     def __init__(self, *, dim: int, heads: int, mlp_ratio: float, qkv_bias: bool, init_values: float | None):
         super().__init__()
         scale = (lambda: LayerScale(dim=dim, init_values=init_values)) if init_values else nn.Identity
-        self.norm1 = nn.LayerNorm(dim, eps=LN_EPS)
+        self.norm1 = LayerNorm(dim, eps=LN_EPS)
         self.attn = Attention(dim=dim, heads=heads, qkv_bias=qkv_bias)
         self.ls1 = scale()
-        self.norm2 = nn.LayerNorm(dim, eps=LN_EPS)
+        self.norm2 = LayerNorm(dim, eps=LN_EPS)
         self.mlp = Mlp(dim=dim, hidden_dim=int(dim * mlp_ratio))
         self.ls2 = scale()
 
-    def forward(self, x: Tensor, return_attn: bool = False, queries: int | None = None) -> tuple[Tensor, Tensor | None]:
-        """queries: compute only the first that many tokens' outputs (all by default)."""
-        out, attn = self.attn(self.norm1(x), return_attn, queries)
+    def forward(self, x: Tensor, return_attn: bool = False,
+                queries: int | None = None) -> tuple[Tensor, Tensor | None, Tensor]:
+        """-> (output tokens, attention or None, first norm's output); queries: compute only the first that
+        many tokens' outputs (all by default)."""
+        normed = self.norm1(x)
+        out, attn = self.attn(normed, return_attn, queries)
         x = x[:, :queries] + self.ls1(out)
-        return x + self.ls2(self.mlp(self.norm2(x))), attn
+        return x + self.ls2(self.mlp(self.norm2(x))), attn, normed
 
 
 class PatchEmbed(nn.Module):
     def __init__(self, *, patch_size: int, in_chans: int, dim: int):
         super().__init__()
-        self.proj = nn.Conv2d(in_chans, dim, kernel_size=patch_size, stride=patch_size)
+        self.proj = GammaConv2d(in_chans, dim, kernel_size=patch_size, stride=patch_size)
 
     def forward(self, pixels: Tensor) -> Tensor:
         return self.proj(pixels)   # b c h w
@@ -153,10 +158,11 @@ class ViT(nn.Module):
             Block(dim=c.embed_dim, heads=c.num_heads, mlp_ratio=c.mlp_ratio, qkv_bias=c.qkv_bias,
                   init_values=c.init_values)
             for _ in range(c.depth)])
-        self.norm = nn.Identity() if c.use_fc_norm else nn.LayerNorm(c.embed_dim, eps=LN_EPS)
-        self.fc_norm = nn.LayerNorm(c.embed_dim, eps=LN_EPS) if c.use_fc_norm else nn.Identity()
-        self.head = nn.Linear(c.embed_dim, c.num_classes)
-        self.head_dist = nn.Linear(c.embed_dim, c.num_classes) if c.dist_token else None
+        self.norm = nn.Identity() if c.use_fc_norm else LayerNorm(c.embed_dim, eps=LN_EPS)
+        self.fc_norm = LayerNorm(c.embed_dim, eps=LN_EPS) if c.use_fc_norm else nn.Identity()
+        self.head = GammaLinear(c.embed_dim, c.num_classes) if c.num_classes else nn.Identity()
+        self.head_dist = (GammaLinear(c.embed_dim, c.num_classes) if c.num_classes else nn.Identity()) \
+            if c.dist_token else None
         self._init_weights()
 
     def _init_weights(self):
@@ -181,28 +187,51 @@ class ViT(nn.Module):
             return torch.cat(prefix + [x + pos], dim=1), grid
         return torch.cat(prefix + [x], dim=1) + pos, grid
 
-    def head_logits(self, x: Tensor) -> Tensor:
-        """Final-norm'd tokens -> logits (DeiT: the mean of the class and distillation heads)."""
+    def pre_logits(self, x: Tensor) -> Tensor:
+        """Final-norm'd tokens -> what the classifier reads, b c (timm's `forward_head(pre_logits=True)`): the
+        class token, or the grid mean through fc_norm; DeiT's distilled model: its two tokens' mean."""
         if self.config.global_pool == "avg":
-            return self.head(self.fc_norm(x[:, self.num_prefix:].mean(dim=1)))
-        logits = self.head(self.fc_norm(x[:, 0]))
+            return self.fc_norm(x[:, self.num_prefix:].mean(dim=1))
         if self.head_dist is not None:
-            logits = (logits + self.head_dist(x[:, 1])) / 2
+            return (x[:, 0] + x[:, 1]) / 2
+        return self.fc_norm(x[:, 0])
+
+    def head_logits(self, x: Tensor) -> Tensor:
+        """Final-norm'd tokens -> logits (DeiT: the mean of the class and distillation heads). Without a
+        classifier the heads are Identity, so this is `pre_logits`, as timm's forward returns."""
+        if self.head_dist is None or self.config.global_pool == "avg" or not self.config.num_classes:
+            return self.head(self.pre_logits(x))
+        return (self.head(self.fc_norm(x[:, 0])) + self.head_dist(x[:, 1])) / 2
+
+    def pooled_logits(self, tokens: Tensor) -> Tensor:
+        """Any block's b n c tokens -> logits of their mean (prefix tokens included) through the final norm and
+        the classifier (DeiT: the mean of both heads): LeGrad's per-layer score."""
+        pooled = self.fc_norm(self.norm(tokens.mean(dim=1)))   # one of the two is the final norm, the other Identity
+        logits = self.head(pooled)
+        if self.head_dist is not None:
+            logits = (logits + self.head_dist(pooled)) / 2
         return logits
 
+    def embeddings(self, input_size: tuple[int, int]) -> list[Embedding]:
+        """The patch embedding's geometry for pixels of `input_size` (h, w), as `trace` reports it."""
+        p = self.config.patch_size
+        return [Embedding(Window(p, p, 0), tuple(input_size), (input_size[0] // p, input_size[1] // p))]
+
     def forward(self, pixels: Tensor) -> Tensor:
+        """pixels -> logits, as timm's forward: a model without a classifier returns its pooled features."""
         x, _ = self.embed(pixels)
         # the head reads the class (and distillation) token alone unless it averages the grid, so the last
         # block computes only those rows: about 6% of a ViT-B/16 forward that timm spends on discarded tokens
         read = None if self.config.global_pool == "avg" else 1 + self.config.dist_token
         for i, block in enumerate(self.blocks):
-            x, _ = block(x, queries=read if i == len(self.blocks) - 1 else None)
+            x, _, _ = block(x, queries=read if i == len(self.blocks) - 1 else None)
         return self.head_logits(self.norm(x))
 
     def trace(self, pixels: Tensor, *, grad: bool = False) -> Trace:
         """One forward pass that returns every attention map and block output.
 
-        With grad=True the graph is kept, so `torch.autograd.grad(logit, trace.attentions)` works.
+        With grad=True the graph is kept, so `torch.autograd.grad(logit, trace.attentions)` works. A model
+        without a classifier has no logits (b 0): its output is `trace.pooled`.
         """
         with torch.set_grad_enabled(grad):
             if grad:
@@ -210,13 +239,15 @@ class ViT(nn.Module):
             x, grid = self.embed(pixels)
             blocks = []
             for block in self.blocks:
-                x, attn = block(x, return_attn=True)
+                x, attn, normed = block(x, return_attn=True)
                 blocks.append(BlockTrace(attn=attn, tokens=x, stage=0, query_grid=grid, key_grid=grid,
-                                         key_window=Window(1, 1, 0), prefix_kinds=self.config.prefix_kinds))
-            logits = self.head_logits(self.norm(x))
-        p = self.config.patch_size
+                                         key_window=Window(1, 1, 0), prefix_kinds=self.config.prefix_kinds,
+                                         normed=normed if grad else None))
+            final = self.norm(x)
+            pooled = self.pre_logits(final)
+            logits = self.head_logits(final) if self.config.num_classes else pooled.new_zeros(pooled.shape[0], 0)
         features = rearrange(x[:, self.num_prefix:], 'b (h w) c -> b c h w', h=grid[0], w=grid[1])
         in_grid = (pixels.shape[2], pixels.shape[3])
-        return Trace(logits=logits, blocks=blocks, embeddings=[Embedding(Window(p, p, 0), in_grid, grid)],
-                     features=[features], input_size=in_grid)
+        return Trace(logits=logits, blocks=blocks, embeddings=self.embeddings(in_grid), features=[features],
+                     input_size=in_grid, pooled=pooled, final_tokens=final)
 

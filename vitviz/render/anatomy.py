@@ -13,17 +13,18 @@ from typing import Mapping, Sequence
 
 import cv2
 import numpy as np
+import torch
 from einops import rearrange
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from ..explain.artefacts import OUTLIER_Z, outliers
 from ..models import CvT, ViT
 from .canvas import Canvas, as_map
 from .captions import BLACK, HIGHLIGHTS, STRIP, WHITE, Ink, put_text, text_box, tile
 from .geometry import Field
 from .overlay import colorize, normalise, overlay, with_colorbar
 
-OUTLIER_Z = 5.0   # robust z-score (median / MAD) above which a token's norm is flagged
 # plot line colours, one per model or method: vermillion, sky blue, bluish green, orange, purple (Okabe & Ito)
 PLOT_COLOURS = tuple(np.array(HIGHLIGHTS[k]) / 255 for k in (4, 1, 2, 0, 5))
 
@@ -185,35 +186,42 @@ def faithfulness_plot(*, fractions, deletion: Mapping[str, Sequence[float]],
 
 
 def outlier_tokens(norms, *, z: float = OUTLIER_Z) -> np.ndarray:
-    """Tokens whose norm is more than `z` robust standard deviations (1.4826 MAD) above the median."""
-    values = as_map(norms)
-    median = float(np.median(values))
-    mad = float(np.median(np.abs(values - median)))
-    scale = 1.4826 * mad if mad > 0 else (float(values.std()) or 1.0)
-    return (values - median) / scale > z
+    """Tokens whose norm is more than `z` robust standard deviations (1.4826 MAD) above the median
+    (`vitviz.explain.artefacts`' rule), for a norm map of any kind."""
+    return outliers(torch.from_numpy(as_map(norms)), z=z).numpy()
 
 
 def token_norm_map(canvas: Canvas, norms, *, field: Field | int | None = None,
                    prefix_norms: Mapping[str, float] | None = None, z: float = OUTLIER_Z,
-                   cmap: str = "viridis") -> np.ndarray:
+                   cmap: str = "viridis", legend: bool = True) -> np.ndarray:
     """Per-token norms on the image (each token's cell), outliers ringed and their norms written on;
-    the median and any prefix tokens' norms (e.g. {'class token': 41.2}) in the corner."""
+    with `legend`, the median and any prefix tokens' norms (e.g. {'class token': 41.2}) in the corner."""
     values = as_map(norms)
     field = canvas.field(field, grid=values.shape)
     out = overlay(canvas, values, field=field, mode="nearest", cmap=cmap, alpha=0.65)
+    flagged = outlier_tokens(values, z=z)
+    ring_tokens(out, canvas, flagged, field=field, labels=values)
+    if legend:
+        count = int(flagged.sum())
+        lines = [f"median norm {np.median(values):.3g}, max {values.max():.3g}",
+                 f"{count} outlier token{'s' * (count != 1)} (ringed: > {z:g} robust SD above median)"]
+        lines += [f"{name}: {value:.3g}" for name, value in (prefix_norms or {}).items()]
+        text_box(out, lines, canvas.ink)
+    return out
+
+
+def ring_tokens(out: np.ndarray, canvas: Canvas, tokens: np.ndarray, *, field: Field,
+                labels: np.ndarray | None = None) -> None:
+    """A white ring (on black, visible on any colour) around each token of the h w bool map `tokens`, in
+    place, with its value from `labels` (h w) written above it."""
     ink = canvas.ink
-    flagged = np.argwhere(outlier_tokens(values, z=z))
-    for i, j in flagged:
+    for i, j in np.argwhere(tokens):
         x, y = canvas.frame.to_display(field.centre(j), field.centre(i))
         x0, _, x1, _ = canvas.frame.box_to_display(field.box(i, j))
         radius = max(4, round(0.6 * (x1 - x0) * field.stride / field.size))   # 0.6 of a token's cell
         centre = (int(round(float(x))), int(round(float(y))))
         cv2.circle(out, centre, radius, BLACK, ink.line + 2, cv2.LINE_AA)
         cv2.circle(out, centre, radius, WHITE, ink.line, cv2.LINE_AA)
-        put_text(out, f"{values[i, j]:.3g}", (centre[0], centre[1] - radius - ink.line_height() // 2), ink,
-                 anchor="centre", scale=0.9)
-    lines = [f"median norm {np.median(values):.3g}, max {values.max():.3g}",
-             f"{len(flagged)} outlier token{'s' * (len(flagged) != 1)} (ringed: > {z:g} robust SD above median)"]
-    lines += [f"{name}: {value:.3g}" for name, value in (prefix_norms or {}).items()]
-    text_box(out, lines, ink)
-    return out
+        if labels is not None:
+            put_text(out, f"{labels[i, j]:.3g}", (centre[0], centre[1] - radius - ink.line_height() // 2), ink,
+                     anchor="centre", scale=0.9)

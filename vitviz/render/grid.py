@@ -96,20 +96,27 @@ def _highlight_patch(out: np.ndarray, canvas: Canvas, field: Field, prefix_kinds
     text_box(out, [f"token {index}: row {i}, column {j} of {field.grid[0]}x{field.grid[1]}"], ink, near=box)
 
 
-def stage_grids(canvas: Canvas, *, point: tuple[float, float] | None = None) -> list[np.ndarray]:
+def stage_grids(canvas: Canvas, *, point: tuple[float, float] | None = None, legend: bool = True) -> list[np.ndarray]:
     """Per stage, the token-centre lattice and the receptive fields of a 2x2 block of neighbouring
-    tokens (so their overlap shows; magnified in an inset when small), with the stage's embedding,
-    effective stride and receptive field written on it. The block starts at the token under `point`
-    (display x, y: the same point picks the matching token in every stage and every model), else
-    near the centre of what the model saw."""
-    return [_draw_stage(canvas, stage, point) for stage in range(len(canvas.fields))]
+    tokens (so their overlap shows; magnified in an inset when small), with `legend` the stage's
+    embedding, effective stride and receptive field written on it (`stage_lines`: the same in words,
+    for page text). The block starts at the token under `point` (display x, y: the same point picks
+    the matching token in every stage and every model), else near the centre of what the model saw."""
+    return [_draw_stage(canvas, stage, point, legend) for stage in range(len(canvas.fields))]
 
 
-def _draw_stage(canvas: Canvas, stage: int, point) -> np.ndarray:
+def stage_lines(canvas: Canvas, stage: int, *, point: tuple[float, float] | None = None) -> list[str]:
+    """What `stage_grids` writes on stage `stage`'s lattice: its tokens, embedding window, effective stride
+    and receptive field, and which token the block starts at."""
+    anchor, cropped = _anchor(canvas, canvas.fields[stage], point)
+    return _stage_lines(canvas, stage, anchor) + (["(the chosen point was cropped away)"] if cropped else [])
+
+
+def _draw_stage(canvas: Canvas, stage: int, point, legend: bool) -> np.ndarray:
     field, ink, (h, w) = canvas.fields[stage], canvas.ink, canvas.size
     base = canvas.cached(("lattice", field), lambda: _lattice(canvas, field, _dimmed(canvas, field), 0, 0, 1.0))
     out = base.copy()
-    anchor, cropped = _anchor(canvas, field, point)
+    anchor, _ = _anchor(canvas, field, point)
     block = _block(field, anchor)
     _draw_windows(out, canvas, field, block, 0, 0, 1.0)
     # the region around the block, magnified in a corner when the windows are too small to read
@@ -127,8 +134,8 @@ def _draw_stage(canvas: Canvas, stage: int, point) -> np.ndarray:
         out[y0:y1, x0:x1] = inset[:y1 - y0, :x1 - x0]
         cv2.rectangle(out, region[:2], region[2:], WHITE, 1)
         avoid.append((x0, y0, x1, y1))
-    lines = _stage_lines(canvas, stage, anchor) + (["(the chosen point was cropped away)"] if cropped else [])
-    text_box(out, lines, ink, avoid=avoid, scale=0.9)
+    if legend:
+        text_box(out, stage_lines(canvas, stage, point=point), ink, avoid=avoid, scale=0.9)
     return out
 
 

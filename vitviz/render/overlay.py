@@ -12,6 +12,7 @@ from .captions import BLACK, STRIP, WHITE, Ink, put_text
 from .geometry import Field
 
 DEFAULT_CMAP = "inferno"   # perceptually uniform and colour-blind safe, like viridis and cividis
+SIGNED_CMAP = "bwr"        # for maps with a sign (relevance): red for, blue against, white at 0 (LRP's convention)
 
 
 @lru_cache(maxsize=16)

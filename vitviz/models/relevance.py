@@ -1,0 +1,243 @@
+"""Relevance rules (LRP for transformers, AttnLRP: Achtibat et al., ICML 2024), switched on inside
+vitviz's own forward for one pass.
+
+    with relevance_rules(RelevanceRules(gamma_conv=0.25, gamma_linear=0.05)):
+        logits = model(pixels)              # same values as a plain forward
+    (pixels * torch.autograd.grad(logits[0, c], pixels)[0])   # the relevance of each pixel for class c
+
+Relevance is "modified gradient x input": each rule below changes how the gradient passes one
+layer so that, multiplied by that layer's input, it gives the LRP relevance of the input. The
+forward values never change. The layers the models build from this module (`GammaLinear`,
+`GammaConv2d`, `LayerNorm`, `GELU`, `QuickGELU`, and `attention_inputs` in their attention) behave
+exactly as torch's own unless rules are active. Rules are active only inside the `with` block and
+only in the thread (or task) that entered it, so a plain forward running beside it, in another
+request of the app, is untouched: no torch class is patched.
+
+The rules (lxt's, as in its ViT example; the derivations are the paper's):
+- LayerNorm: the standard deviation is detached, so the map is linear, (x - mean) / std * w + b,
+  and gradient x input is the LRP-0 rule through it (mean subtraction included).
+- GELU (and CvT's QuickGELU): the identity rule, R_in = R_out: the gradient is f(x) / x.
+- Linear and Conv2d layers outside the attention (patch and convolutional embeddings, MLP, classifier):
+  the generalised Gamma rule (zennit's `Gamma`, Montavon et al. 2019, Andeol et al. 2021). With
+  z = xW + b, P = x+W+ + x-W- (the contributions agreeing in sign with the weights' sign pattern
+  gamma favours) and N = x+W- + x-W+, an output j with z_j > 0 shares R_j among the inputs in
+  proportion to x+(W + gW+) + x-(W + gW-) (bias b + g b+), one with z_j < 0 in proportion to
+  x+(W + gW-) + x-(W + gW+) (bias b + g b-):
+      R_i = sum_j [x+_i (w + g w+)_ij + x-_i (w + g w-)_ij] R_j [z_j > 0] / (z_j + g (P_j + b+_j))
+          + sum_j [x+_i (w + g w-)_ij + x-_i (w + g w+)_ij] R_j [z_j < 0] / (z_j + g (N_j + b-_j)),
+  denominators stabilised by 1e-6 with their sign, the input's gradient R_i / x_i (x_i stabilised by
+  1e-10), exactly as lxt's zennit patch computes it. gamma = 0 is LRP-0, plain gradient x input.
+- The attention's own projections (q/k/v and the output; in CvT also the depthwise convolution +
+  BatchNorm in front of q/k/v) keep the plain gradient, LRP-0. torchvision's MultiheadAttention uses
+  its projection weights as functions, so in lxt's ViT reference zennit's Gamma never reaches them;
+  vitviz does the same, so the two agree. BatchNorm in eval is a per-channel affine map: LRP-0 passes
+  relevance through it and its shift (beta - mean * w / sigma) absorbs its share, like any bias.
+- Attention, `attention="cp"` (lxt's ViT default, "CP-LRP", Ali et al. 2022): queries and keys are
+  detached, so the softmax passes no relevance and all of it flows through the values, out = A v with
+  A a constant. `attention="attnlrp"` (the paper's rules): the softmax rule is its gradient x input
+  (R_in = x (R_out - s sum R_out)), and the uniform rule for the two bilinear products (q k^T and A v)
+  halves the relevance each factor receives; in gradient x input form that is the gradients of q and k
+  divided by 4 and of v by 2.
+
+What is conserved: with `attention="cp"`, every rule above conserves relevance up to the
+stabilisers, so the relevance of the pixels plus what the biases, LayerNorm shifts, BatchNorm shifts,
+position embeddings and prefix tokens (class, distillation, register) absorb equals the target logit.
+With all of those zero the pixels hold the whole logit. With `attention="attnlrp"` the softmax rule
+is not conservative (it keeps relevance in the softmax's implicit normalisation), so the sum is close
+to the logit, not equal.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+ATTENTION_RULES = ("cp", "attnlrp")
+GAMMA_STABILIZER = 1e-6   # zennit's default for the Gamma rule's denominators
+INPUT_STABILIZER = 1e-10  # lxt's, dividing relevance by a layer's input
+
+
+@dataclass(frozen=True)
+class RelevanceRules:
+    gamma_conv: float = 0.25     # the Gamma rule's gamma on convolutions (token embeddings)
+    gamma_linear: float = 0.05   # on linear layers outside the attention (MLP, classifier)
+    attention: str = "cp"        # 'cp': relevance through the values only; 'attnlrp': the paper's rules
+
+    def __post_init__(self):
+        if self.attention not in ATTENTION_RULES:
+            raise ValueError(f"attention must be one of {ATTENTION_RULES}, not {self.attention!r}")
+        if self.gamma_conv < 0 or self.gamma_linear < 0:
+            raise ValueError(f"gamma must be at least 0, not {self.gamma_conv} / {self.gamma_linear}")
+
+
+_ACTIVE: ContextVar[RelevanceRules | None] = ContextVar("vitviz_relevance_rules", default=None)
+
+
+@contextmanager
+def relevance_rules(rules: RelevanceRules) -> Iterator[RelevanceRules]:
+    """Forward passes inside the block carry `rules` in their backward pass (this thread only)."""
+    token = _ACTIVE.set(rules)
+    try:
+        yield rules
+    finally:
+        _ACTIVE.reset(token)
+
+
+def _stabilized(x: Tensor, epsilon: float) -> Tensor:
+    """x moved away from 0 by epsilon, with its sign (+ for 0): zennit's `stabilize`."""
+    return x + ((x == 0).to(x) + x.sign()) * epsilon
+
+
+# ---- the rules as autograd functions: forward values unchanged, gradients modified ----------------
+
+class _Gamma(torch.autograd.Function):
+    """The generalised Gamma rule for an affine map z = A(x) + b (a linear layer or a convolution).
+
+    `apply_weights(x, w)` computes x's image under weights w without bias; `transpose(g, w)` its
+    transpose applied to an output gradient. The forward also computes P = A+(x+) + A-(x-), with
+    which both denominators follow from z (N = z - b - P), so the rule costs two extra products
+    forward and three backward.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, gamma, apply_weights, transpose):
+        pos_w, neg_w = weight.clamp(min=0), weight.clamp(max=0)
+        pos_x, neg_x = x.clamp(min=0), x.clamp(max=0)
+        linear = apply_weights(x, weight)
+        agreeing = apply_weights(pos_x, pos_w) + apply_weights(neg_x, neg_w)   # P
+        z = linear if bias is None else linear + bias
+        pos_b, neg_b = (0.0, 0.0) if bias is None else (bias.clamp(min=0), bias.clamp(max=0))
+        denom_pos = z + gamma * (agreeing + pos_b)
+        denom_neg = z + gamma * (linear - agreeing + neg_b)
+        ctx.save_for_backward(x, weight, z, denom_pos, denom_neg)
+        ctx.gamma, ctx.transpose = gamma, transpose
+        return z
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, weight, z, denom_pos, denom_neg = ctx.saved_tensors
+        relevance = grad_out * z
+        g_pos = torch.where(z > 0, relevance / _stabilized(denom_pos, GAMMA_STABILIZER), 0.0)
+        g_neg = torch.where(z < 0, relevance / _stabilized(denom_neg, GAMMA_STABILIZER), 0.0)
+        transpose = ctx.transpose
+        pos_w, neg_w = weight.clamp(min=0), weight.clamp(max=0)
+        plain = transpose(g_pos + g_neg, weight)                               # W^T (g+ + g-)
+        favoured = transpose(g_pos, pos_w) + transpose(g_neg, neg_w)           # W+^T g+ + W-^T g-
+        relevance_in = x * plain + ctx.gamma * (x.clamp(min=0) * favoured + x.clamp(max=0) * (plain - favoured))
+        return relevance_in / _stabilized(x, INPUT_STABILIZER), None, None, None, None, None
+
+
+class _Identity(torch.autograd.Function):
+    """R_in = R_out through an element-wise non-linearity f: the gradient is f(x) / x (lxt's form)."""
+
+    @staticmethod
+    def forward(ctx, fn, x):
+        y = fn(x)
+        ctx.save_for_backward(y / (x + INPUT_STABILIZER))
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        ratio, = ctx.saved_tensors
+        return None, ratio * grad_out
+
+
+class _ScaleGradient(torch.autograd.Function):
+    """Identity forward; the gradient divided by `factor` (the uniform rule of a bilinear product)."""
+
+    @staticmethod
+    def forward(ctx, x, factor):
+        ctx.factor = factor
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        return grad_out / ctx.factor, None
+
+
+# ---- the layers the models are built from ----------------------------------------------------------
+
+class GammaLinear(nn.Linear):
+    """nn.Linear; under relevance rules, the Gamma rule with `gamma_linear`."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        rules = _ACTIVE.get()
+        if rules is None:
+            return F.linear(x, self.weight, self.bias)
+        return _Gamma.apply(x, self.weight, self.bias, rules.gamma_linear, _linear, _linear_transpose)
+
+
+class GammaConv2d(nn.Conv2d):
+    """nn.Conv2d; under relevance rules, the Gamma rule with `gamma_conv`."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        rules = _ACTIVE.get()
+        if rules is None:
+            return self._conv_forward(x, self.weight, self.bias)
+        size = x.shape
+
+        def apply_weights(inputs: Tensor, weight: Tensor) -> Tensor:
+            return F.conv2d(inputs, weight, None, self.stride, self.padding, self.dilation, self.groups)
+
+        def transpose(grad: Tensor, weight: Tensor) -> Tensor:
+            return torch.nn.grad.conv2d_input(size, weight, grad, self.stride, self.padding, self.dilation,
+                                              self.groups)
+
+        bias = None if self.bias is None else self.bias[:, None, None]
+        return _Gamma.apply(x, self.weight, bias, rules.gamma_conv, apply_weights, transpose)
+
+
+def _linear(x: Tensor, weight: Tensor) -> Tensor:
+    return F.linear(x, weight)
+
+
+def _linear_transpose(grad: Tensor, weight: Tensor) -> Tensor:
+    return grad @ weight
+
+
+class LayerNorm(nn.LayerNorm):
+    """nn.LayerNorm; under relevance rules, with its standard deviation detached."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        if _ACTIVE.get() is None:
+            return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+        centred = x - x.mean(dim=-1, keepdim=True)
+        std = (centred.pow(2).mean(dim=-1, keepdim=True) + self.eps).sqrt()
+        return centred / std.detach() * self.weight + self.bias
+
+
+class GELU(nn.GELU):
+    """nn.GELU (exact); under relevance rules, the identity rule."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        if _ACTIVE.get() is None:
+            return F.gelu(x)
+        return _Identity.apply(F.gelu, x)
+
+
+class QuickGELU(nn.Module):
+    """x sigmoid(1.702 x) (Microsoft's CvT); under relevance rules, the identity rule."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        if _ACTIVE.get() is None:
+            return _quick_gelu(x)
+        return _Identity.apply(_quick_gelu, x)
+
+
+def _quick_gelu(x: Tensor) -> Tensor:
+    return x * torch.sigmoid(1.702 * x)
+
+
+def attention_inputs(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Queries, keys and values as the attention should see them: unchanged, or with the active rule."""
+    rules = _ACTIVE.get()
+    if rules is None:
+        return q, k, v
+    if rules.attention == "cp":
+        return q.detach(), k.detach(), v
+    return _ScaleGradient.apply(q, 4.0), _ScaleGradient.apply(k, 4.0), _ScaleGradient.apply(v, 2.0)
