@@ -195,7 +195,7 @@ def test_cvt_gradcam_equals_a_direct_computation_on_the_last_blocks_first_norm()
 # ---------------------------------------------------------------- sanity and faithfulness
 
 @pytest.mark.parametrize("family", ["vit", "cvt"])
-def test_reinitialising_the_weights_changes_legrad_and_gradcam(family):
+def test_reinitialising_the_weights_changes_every_gradient_map(family):
     """Adebayo et al. 2018's model-randomisation check: a map that ignores the weights would survive it."""
     if family == "vit":
         size = 64
@@ -205,7 +205,7 @@ def test_reinitialising_the_weights_changes_legrad_and_gradcam(family):
         model, reinitialised = tiny_cvt(seed=0), tiny_cvt(seed=123)
     pixels = torch.randn(4, 3, size, size, generator=torch.Generator().manual_seed(0))
     target = model(pixels).argmax(-1)
-    for method in (explain.legrad, explain.gradcam):
+    for method in (explain.gradient_rollout, explain.chefer_relevance, explain.legrad, explain.gradcam):
         original, again = method(model, pixels, target), method(model, pixels, target)
         randomised = method(reinitialised, pixels, target)
         for b in range(len(pixels)):

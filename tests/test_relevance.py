@@ -14,9 +14,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from tests.test_explain import CIFAR, REPO, cvt13_tiny, spearman, tiny_cvt, tiny_vit
-from tests.test_models import perturb_, vit_config_of
-from tests.torchvision_vit import timm_to_torchvision
+from test_explain import CIFAR, REPO, cvt13_tiny, spearman, tiny_cvt, tiny_vit
+from test_models import perturb_, vit_config_of
+from torchvision_vit import timm_to_torchvision
 from vitviz import explain
 from vitviz.models import ViT, load_weights
 from vitviz.models.relevance import RelevanceRules, relevance_rules
