@@ -36,12 +36,10 @@ from gradio.utils import get_upload_folder  # noqa: E402
 from vitviz import catalog, hub  # noqa: E402
 from vitviz.export import image_files, manifest, safe_name, write_atomic, write_manifest, zip_folder  # noqa: E402
 from vitviz.image import MAX_UPLOAD_BYTES, ImageError, read_image  # noqa: E402
-from vitviz.explain import FAMILIES, METHODS  # noqa: E402
+from vitviz.explain import DEFAULT_MASS, FAMILIES, METHODS, mean_attention_distance  # noqa: E402
 from vitviz.session import MODEL_GATE, RunStore, agreement, decode_side, explain_image  # noqa: E402
 from vitviz.render import DEFAULT_CMAP, per_uniform, shared_scale, attention_distance_plot, faithfulness_plot  # noqa: E402
 from vitviz.render import filter_tiles, embedding_filters, position_tiles  # noqa: E402
-from vitviz.explain import mean_attention_distance  # noqa: E402
-from vitviz.explain import DEFAULT_MASS  # noqa: E402
 from vitviz.evaluate import leaderboard  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent
@@ -611,7 +609,7 @@ def build(vit: str, cvt: str, notice: str) -> gr.Blocks:
         draw = {fn.__name__: as_files(fn) for fn in (explain, render_maps, render_layers, pick_point, render_gradients,
                                                       render_stages, render_anatomy, render_faithfulness, render_norms,
                                                       render_heads, render_heads_at_point, render_model_view,
-                                                      render_class_free)}
+                                                      render_class_free, render_leaderboard)}
         explain_outputs = [key, label_a, label_b, map_a, map_b, grid_a, grid_b, compare, layer_a, head_a, layer_b,
                            head_b, target_a, target_b, point, norm_layer_a, norm_layer_b, heads_layer_a, heads_layer_b,
                            grid_words_a, grid_words_b]
@@ -667,7 +665,7 @@ def build(vit: str, cvt: str, notice: str) -> gr.Blocks:
         faith_run.click(draw["render_faithfulness"], inputs=[key, faith_method, steps], outputs=[faith_a, faith_b],
                         api_name="render_faithfulness", **model_events)
         for name, event in {"tab": faith_tab.select, "model_a": model_a.change, "model_b": model_b.change}.items():
-            event(as_files(render_leaderboard), inputs=[model_a, model_b], outputs=[board, board_a, board_b],
+            event(draw["render_leaderboard"], inputs=[model_a, model_b], outputs=[board, board_a, board_b],
                   api_name="render_leaderboard" if name == "tab" else f"render_leaderboard_on_{name}", **instant)
         norms_run.click(draw["render_norms"], inputs=[key, norm_layer_a, norm_layer_b], outputs=[norms_a, norms_b],
                         api_name="render_norms", **instant)

@@ -19,6 +19,8 @@ through `vitviz.load`, as the app loads them; no network is used.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import statistics
@@ -622,9 +624,6 @@ def per_image_forward(bench: Bench, model: torch.nn.Module, batch: int, size: tu
 def evaluate_floor(bench: Bench, items: set[str]) -> None:
     """`vitviz evaluate` (every method, all five tests) on the bundled pair against its floor: the images it
     sends through each model (counted by a forward hook) times one image's share of a batched forward."""
-    import contextlib
-    import io
-
     from vitviz.data import Dataset
     from vitviz.evaluate import Settings, evaluate
     from vitviz.explain import METHODS
@@ -703,9 +702,6 @@ def batch_explain(bench: Bench, items: set[str]) -> None:
     per second writing maps as .npy only, without and with the deletion/insertion AUCs, and writing every
     PNG too. Wall clock whatever --clock says (the drawing and encoding run on a thread pool, whose gain a
     CPU clock would not show); one sample each (a folder of photos is minutes of work with PNGs on a CPU)."""
-    import contextlib
-    import io
-
     from vitviz import __main__ as cli
 
     vit, cvt, what = bench.bundled_pair

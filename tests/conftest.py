@@ -55,3 +55,20 @@ def own_caches(tmp_path, monkeypatch):
     hub.clear_cache()
     yield
     hub.clear_cache()
+
+
+@pytest.fixture(scope="session")
+def dinov2_repos(hub, tmp_path_factory) -> dict:
+    """Small DINOv2 checkpoints, without and with registers, in timm's Hub layout on the fake Hub under the
+    catalog's repo ids: catalog name -> (repo id, the timm model, in eval mode)."""
+    from hub_server import files_of, timm_checkpoint
+    from vitviz import catalog
+
+    repos = {}
+    for name in ("dinov2-s14", "dinov2-s14-reg4"):
+        folder = tmp_path_factory.mktemp(name)
+        source = catalog.CATALOG[name].source
+        reference = timm_checkpoint(folder, source.removeprefix("timm/"), depth=2, embed_dim=48, num_heads=6)
+        hub.publish(source, files_of(folder))
+        repos[name] = (source, reference.eval())
+    return repos

@@ -14,9 +14,8 @@ import pytest
 from PIL import Image
 
 import app
-from hub_server import files_of, timm_checkpoint
+from hub_server import closed_port_url
 from tests.app_server import launch
-from vitviz import catalog
 
 ROOT = Path(__file__).resolve().parents[1]
 PHOTO = ROOT / "assets" / "cat_chelsea.jpg"
@@ -217,7 +216,6 @@ def test_on_zerogpu_the_default_pair_is_put_on_cuda_at_start_and_each_model_even
     never called, as nothing is launched): the start loads the pair in the calling thread, the only one
     whose tensors the emulation sees, onto 'cuda' with the checkpoint's weights; the four events that run
     a model ask for a GPU with their own duration, the re-renders for none."""
-    from hub_server import closed_port_url
     out = in_a_fresh_interpreter(ZEROGPU_START, tmp_path, SPACES_ZERO_GPU="true",
                                  SPACES_ZERO_DEVICE_API_URL=closed_port_url())
     assert out["zero_gpu"] and out["device"] == "cuda" and not out["in_background"]
@@ -238,7 +236,9 @@ def test_an_explain_during_the_start_up_load_waits_for_it_with_progress_and_noth
     monkeypatch.setattr(app.hub, "_load", slow_load)
     app.hub.clear_cache()
     loading = app.load_at_start(PAIR)
+    deadline = time.monotonic() + 60
     while not loads:
+        assert time.monotonic() < deadline, "the start-up load never began"
         time.sleep(0.01)
     heard = []
     answer = app.explain({"path": str(PHOTO)}, *PAIR, progress=lambda fraction, desc=None: heard.append(desc))
@@ -251,16 +251,6 @@ def test_an_explain_during_the_start_up_load_waits_for_it_with_progress_and_noth
 # ---- the launched app ------------------------------------------------------------------------------------
 
 HEADLESS = ("dinov2-s14", "dinov2-s14-reg4")   # the one-click registers pair
-
-
-@pytest.fixture(scope="module")
-def dinov2_repos(hub, tmp_path_factory):
-    """Small DINOv2 checkpoints, without and with registers, on the fake Hub under the catalog's repo ids."""
-    for name in HEADLESS:
-        folder = tmp_path_factory.mktemp(name)
-        source = catalog.CATALOG[name].source
-        timm_checkpoint(folder, source.removeprefix("timm/"), depth=2, embed_dim=48, num_heads=6)
-        hub.publish(source, files_of(folder))
 
 
 @pytest.fixture(scope="module")

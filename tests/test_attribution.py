@@ -1,5 +1,5 @@
 """LeGrad and Grad-CAM against their reference packages on the same weights, and, for CvT (which no package
-handles), against their formulas written out here; then the sanity and faithfulness checks.
+handles), against their formulas written out here; then the randomised-weights check.
 
 References: torchcam 0.5's `LeGrad` on torchvision's ViT holding a perturbed timm ViT's weights
 (`torchvision_vit.py`), and grad-cam 1.5.7's `GradCAM` on the timm model itself with its ViT recipe
@@ -17,8 +17,7 @@ from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget
 from torch import nn
 from torchcam.methods import LeGrad
 
-from test_explain import (block_operator, bundled_model_and_test_images, cvt13_tiny, random_deletion_auc, spearman,
-                          tiny_cvt, tiny_vit)
+from test_explain import block_operator, cvt13_tiny, spearman, tiny_cvt, tiny_vit
 from test_models import perturb_, vit_config_of
 from torchvision_vit import timm_to_torchvision
 from vitviz import explain
@@ -192,10 +191,10 @@ def test_cvt_gradcam_equals_a_direct_computation_on_the_last_blocks_first_norm()
     assert (np.stack(expected).std(-1) > 0.1).all()
 
 
-# ---------------------------------------------------------------- sanity and faithfulness
+# ---------------------------------------------------------------- sanity
 
 @pytest.mark.parametrize("family", ["vit", "cvt"])
-def test_reinitialising_the_weights_changes_every_gradient_map(family):
+def test_reinitialising_the_weights_changes_every_map_that_explains_a_class(family):
     """Adebayo et al. 2018's model-randomisation check: a map that ignores the weights would survive it."""
     if family == "vit":
         size = 64
@@ -205,19 +204,15 @@ def test_reinitialising_the_weights_changes_every_gradient_map(family):
         model, reinitialised = tiny_cvt(seed=0), tiny_cvt(seed=123)
     pixels = torch.randn(4, 3, size, size, generator=torch.Generator().manual_seed(0))
     target = model(pixels).argmax(-1)
-    for method in (explain.gradient_rollout, explain.chefer_relevance, explain.legrad, explain.gradcam):
+    methods = {"gradient rollout": explain.gradient_rollout, "Chefer": explain.chefer_relevance,
+               "LeGrad": explain.legrad, "Grad-CAM": explain.gradcam,
+               "AttnLRP (CP)": lambda *args: explain.attnlrp(*args, attention="cp"),
+               "AttnLRP (the paper's attention rules)": lambda *args: explain.attnlrp(*args, attention="attnlrp")}
+    for name, method in methods.items():
         original, again = method(model, pixels, target), method(model, pixels, target)
         randomised = method(reinitialised, pixels, target)
         for b in range(len(pixels)):
             assert spearman(original[b], again[b]) > 0.999
-            assert spearman(original[b], randomised[b]) < 0.5, f"{method.__name__}, image {b}"
+            assert spearman(original[b], randomised[b]) < 0.5, f"{name}, image {b}"
 
 
-@pytest.mark.parametrize("name", ["vit-cifar10", "cvt-cifar10"])
-def test_legrad_and_gradcam_deletion_auc_is_lower_than_random_on_the_bundled_models(name):
-    model, pixels = bundled_model_and_test_images(name)
-    maps = {"LeGrad": explain.legrad(model, pixels), "Grad-CAM": explain.gradcam(model, pixels)}   # top classes
-    random = random_deletion_auc(model, pixels, maps["LeGrad"])
-    for method, cam in maps.items():
-        deletion = explain.deletion_curve(model, pixels, cam, steps=16).auc.mean()
-        assert deletion < random, f"{name}: {method} deletion AUC {deletion:.3f} is not below random's {random:.3f}"

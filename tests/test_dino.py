@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,7 +19,7 @@ from PIL import Image
 from timm.data import create_transform, resolve_data_config
 
 import vitviz
-from hub_server import files_of, timm_checkpoint
+from hub_server import timm_checkpoint
 from test_models import VIT_STD, assert_max_abs, outputs_of, perturb_, vit_config_of
 from vitviz import explain, render
 from vitviz.export import PREDICTIONS, image_files, model_entry
@@ -27,7 +28,7 @@ from vitviz.session import ModelRun
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-PHOTO = "assets/cat_chelsea.jpg"
+PHOTO = Path(__file__).resolve().parents[1] / "assets" / "cat_chelsea.jpg"
 
 # id: (timm name, depth, input (h, w) at the checkpoint's own size, input (h, w) at another size)
 FAMILIES = {
@@ -169,22 +170,12 @@ def test_head_attention_is_every_heads_query_attention():
 # ---- loading through the fake Hub, and a run without predictions -------------------------------------------
 
 @pytest.fixture(scope="module")
-def dinov2_repo(hub, tmp_path_factory):
-    """A small DINOv2 with registers in timm's Hub layout, published under the catalog's repo id."""
-    folder = tmp_path_factory.mktemp("dinov2")
-    reference = timm_checkpoint(folder, "vit_small_patch14_reg4_dinov2.lvd142m", depth=2, embed_dim=48, num_heads=6)
-    repo_id = vitviz.catalog.CATALOG["dinov2-s14-reg4"].source
-    hub.publish(repo_id, files_of(folder))
-    return repo_id, reference.eval()
-
-
-@pytest.fixture(scope="module")
 def photo() -> Image.Image:
     return Image.open(PHOTO).convert("RGB")
 
 
-def test_a_headless_checkpoint_loads_from_the_hub_at_its_size_or_the_catalogs(own_caches, dinov2_repo, photo):
-    repo_id, reference = dinov2_repo
+def test_a_headless_checkpoint_loads_from_the_hub_at_its_size_or_the_catalogs(own_caches, dinov2_repos, photo):
+    repo_id, reference = dinov2_repos["dinov2-s14-reg4"]
     native = vitviz.load(repo_id, device="cpu")   # a Hub id: the checkpoint's own 518 px
     assert native.labels == () and not native.has_classifier and native.size == 518
     assert native.source.layout == "timm" and native.family == "vit"

@@ -102,15 +102,17 @@ def open_npz(path: str | Path, *, split: str = "test") -> Dataset:
     if not path.is_file():
         raise DataError(f"{path}: no such file (the CIFAR-10 data is ../shared/data/cifar10_jpeg.npz beside the "
                         f"repository)")
+    needed = [f"{split}_bytes", f"{split}_offsets"]
     try:
         data = np.load(path, allow_pickle=False)
-        arrays = {name: data[name] for name in data.files}
+        files = set(data.files)
+        # only this split's arrays are read: cifar10_jpeg.npz's train split is five times its test split
+        arrays = {name: data[name] for name in (*needed, f"{split}_labels", "class_names") if name in files}
     except (OSError, ValueError) as e:
         raise DataError(f"{path} is not a readable .npz file: {e}") from None
-    needed = [f"{split}_bytes", f"{split}_offsets"]
     if any(name not in arrays for name in needed):
         raise DataError(f"{path} holds no images for the split {split!r}: expected the arrays {' and '.join(needed)} "
-                        f"(the layout of cifar10_jpeg.npz); it has {', '.join(sorted(arrays)) or 'no arrays'}")
+                        f"(the layout of cifar10_jpeg.npz); it has {', '.join(sorted(files)) or 'no arrays'}")
     raw, offsets = arrays[needed[0]], arrays[needed[1]].astype(np.int64)
     if raw.dtype != np.uint8 or raw.ndim != 1 or offsets.ndim != 1 or len(offsets) < 2 or offsets[0] != 0 \
             or (np.diff(offsets) < 0).any() or offsets[-1] != len(raw):

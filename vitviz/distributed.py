@@ -41,7 +41,8 @@ class Ranks:
         return list(chunks[self.rank::self.world])
 
     def gather(self, text: str) -> list[str] | None:
-        """Every rank's text, in rank order, on rank 0 (None on the others); a barrier for all of them."""
+        """Every rank's text, in rank order, on rank 0 (None on the others); a barrier for all of them. As
+        bytes in tensors, not `dist.gather_object`, which pickles."""
         if self.world == 1:
             return [text]
         data = torch.from_numpy(np.frombuffer(text.encode(), dtype=np.uint8).copy()).to(self.device)

@@ -50,6 +50,7 @@ shipped next to a checkpoint: `SUMMARY`) and `<model>/curves.png`.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -468,18 +469,25 @@ def plot(summary: dict, model: str) -> np.ndarray:
                                   title=f"{model}: {summary['data']['images']} images")
 
 
-def shipped_summary(name: str) -> dict | None:
-    """The summary shipped next to a bundled model's checkpoint, if there is one."""
+def shipped_summary_file(name: str) -> Path | None:
+    """The summary file shipped next to a bundled model's checkpoint, if there is one."""
     entry = catalog.CATALOG.get(name)
     path = entry.path / SUMMARY if entry is not None and entry.bundled else None
-    return json.loads(path.read_text()) if path is not None and path.is_file() else None
+    return path if path is not None and path.is_file() else None
+
+
+@functools.lru_cache(maxsize=8)
+def _drawn_leaderboard(name: str, path: Path, modified: int) -> tuple[str, np.ndarray]:
+    """A shipped summary's table and plot, drawn once per version of the file (`modified`: its mtime)."""
+    summary = json.loads(path.read_text())
+    return markdown(summary), plot(summary, name)
 
 
 def leaderboard(name: str) -> tuple[str, np.ndarray | None]:
     """What the app shows for a model: its shipped summary's table and plot, or how to make one."""
-    summary = shipped_summary(name)
-    if summary is not None:
-        return markdown(summary), plot(summary, name)
+    path = shipped_summary_file(name)
+    if path is not None:
+        return _drawn_leaderboard(name, path, path.stat().st_mtime_ns)
     shown = name if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/@-]{0,199}", name or "") else "MODEL"
     return (f"**{shown}** has no leaderboard yet. Make one with `python -m vitviz evaluate --models {shown} "
             f"--data DIR --out eval/` (DIR: a folder of images, class sub-folders for labels; or an .npz like "

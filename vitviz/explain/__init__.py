@@ -20,10 +20,10 @@ from .norms import token_norms
 from .rollout import HEAD_FUSIONS, attention_rollout
 from .similarity import SimilarityTarget
 
-__all__ = ["FAMILIES", "HEAD_FUSIONS", "METHODS", "Curve", "Method", "attention_gradients", "attention_rollout", "attnlrp",
-           "chefer_relevance", "chefer_relevance_from_trace", "class_attention", "deletion_curve", "gradcam",
-           "gradcam_from_trace", "gradient_rollout", "gradient_rollout_from_trace", "insertion_curve", "key_attention",
-           "keys_to_queries", "legrad", "legrad_from_trace", "mean_attention_distance", "method", "queries_to_keys",
-           "query_attention", "random_saliency", "resolve_target", "spread_to_input", "token_centres", "token_norms",
-           "DEFAULT_MASS", "OUTLIER_Z", "SimilarityTarget", "artefact_tokens", "head_attention", "mass_threshold",
-           "outliers"]
+__all__ = ["Curve", "DEFAULT_MASS", "FAMILIES", "HEAD_FUSIONS", "METHODS", "Method", "OUTLIER_Z", "SimilarityTarget",
+           "artefact_tokens", "attention_gradients", "attention_rollout", "attnlrp", "chefer_relevance",
+           "chefer_relevance_from_trace", "class_attention", "deletion_curve", "gradcam", "gradcam_from_trace",
+           "gradient_rollout", "gradient_rollout_from_trace", "head_attention", "insertion_curve", "key_attention",
+           "keys_to_queries", "legrad", "legrad_from_trace", "mass_threshold", "mean_attention_distance", "method",
+           "outliers", "queries_to_keys", "query_attention", "random_saliency", "resolve_target", "spread_to_input",
+           "token_centres", "token_norms"]

@@ -256,10 +256,11 @@ def score(model: nn.Module, perturbations: Sequence[Perturbation], target: Tenso
     return results
 
 
-def _probability_curve(model: nn.Module, pixels: Tensor, build, *, target: Target, batch_size: int) -> Curve:
+def _probability_curve(model: nn.Module, pixels: Tensor, built: tuple[Tensor, Perturbation], *, target: Target,
+                       batch_size: int) -> Curve:
     with torch.inference_mode():
         target = resolve_target(model(pixels), target)
-    fractions, perturbation = build()
+    fractions, perturbation = built
     scores = score(model, [perturbation], target, batch_size=batch_size)[0].probs[0]
     return Curve(fractions=fractions, scores=scores, auc=torch.trapezoid(scores, fractions, dim=-1))
 
@@ -267,30 +268,12 @@ def _probability_curve(model: nn.Module, pixels: Tensor, build, *, target: Targe
 def deletion_curve(model: nn.Module, pixels: Tensor, saliency: Tensor, *, target: Target = None, steps: int = 16,
                    unit: str = "token", baseline: str | Tensor = "mean", batch_size: int = 64) -> Curve:
     """Remove the map's most important regions first (replace them with `baseline`); lower AUC is better."""
-    return _probability_curve(model, pixels, lambda: deletion(pixels, saliency, steps=steps, unit=unit,
-                                                              baseline=baseline), target=target, batch_size=batch_size)
+    return _probability_curve(model, pixels, deletion(pixels, saliency, steps=steps, unit=unit, baseline=baseline),
+                              target=target, batch_size=batch_size)
 
 
 def insertion_curve(model: nn.Module, pixels: Tensor, saliency: Tensor, *, target: Target = None, steps: int = 16,
                     unit: str = "token", baseline: str | Tensor = "blur", batch_size: int = 64) -> Curve:
     """Start from `baseline` and put the most important regions back first; higher AUC is better."""
-    return _probability_curve(model, pixels, lambda: insertion(pixels, saliency, steps=steps, unit=unit,
-                                                               baseline=baseline), target=target, batch_size=batch_size)
-
-
-def region_curve(model: nn.Module, pixels: Tensor, saliency: Tensor, *, target: Target = None,
-                 regions: int | None = None, batch_size: int = 64) -> Curve:
-    """Samek et al.'s region perturbation, most relevant token cell first: p(target) after k cells."""
-    return _probability_curve(model, pixels, lambda: region_removal(pixels, saliency, regions=regions),
+    return _probability_curve(model, pixels, insertion(pixels, saliency, steps=steps, unit=unit, baseline=baseline),
                               target=target, batch_size=batch_size)
-
-
-def perturbation_curve(model: nn.Module, pixels: Tensor, saliency: Tensor, *, black: Tensor, negative: bool = False,
-                       reference: Target = None, batch_size: int = 64) -> Curve:
-    """Chefer et al.'s positive (lower AUC is better) or negative (higher is better) perturbation test:
-    1 where the model still predicts `reference` (the true labels; default: its unperturbed prediction)."""
-    with torch.inference_mode():
-        reference = resolve_target(model(pixels), reference)
-    fractions, perturbation = pixel_removal(pixels, saliency, black=black, negative=negative)
-    hits = (score(model, [perturbation], reference, batch_size=batch_size)[0].classes[0] == reference.cpu()[:, None])
-    return Curve(fractions=fractions, scores=hits.float(), auc=torch.trapezoid(hits.float(), fractions, dim=-1))

@@ -18,7 +18,7 @@ layer is the last stage's last block (its grid is the stage-3 grid, its prefix t
 Cost: one traced forward with the graph kept, then `torch.autograd.grad` with respect to that
 one tensor: the backward through the classifier and the last block only, with no weight
 gradients; 1.2 plain forwards on ViT-B/16 (`benchmarks/bench.py --only attribution`). grad-cam
-runs `loss.backward()` through the whole model into every weight: 3.2.
+runs `loss.backward()` through the whole model into every weight: 3.3.
 """
 from __future__ import annotations
 

@@ -23,6 +23,8 @@ absorbing), and the class token that enters at stage 3 is a parameter, absorbing
 """
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor, nn
 
@@ -53,9 +55,7 @@ def attnlrp(model: nn.Module, pixels: Tensor, target: Target = None, *, gamma_co
     if pixel_map:
         return relevance
     embeddings = model.embeddings(tuple(pixels.shape[-2:]))
-    stride = 1
-    for embedding in embeddings:
-        stride *= embedding.window.stride
+    stride = math.prod(embedding.window.stride for embedding in embeddings)
     return cell_sums(relevance, grid=embeddings[-1].grid, stride=stride)
 
 

@@ -13,8 +13,10 @@ from .heads import head_tile, layer_strip
 from .overlay import DEFAULT_CMAP, SIGNED_CMAP, colorbar, overlay, per_uniform, shared_scale, with_colorbar
 from .stages import channel_gallery, feature_norm, feature_pca, foreground_pca, foreground_pca_view, stage_pca
 
-__all__ = ["Canvas", "DEFAULT_CMAP", "SIGNED_CMAP", "Field", "Frame", "attention_distance_plot", "caption", "channel_gallery",
-           "colorbar", "display_size", "embedding_filters", "evaluation_plot", "faithfulness_plot", "feature_norm", "feature_pca",
-           "fields", "filter_components", "filter_tiles", "outlier_tokens", "overlay", "patch_grid", "pca",
-           "per_uniform", "position_embedding", "position_similarity", "position_tiles", "prefix_legend",
-           "shared_scale", "stage_grids", "stage_pca", "tile", "token_norm_map", "with_colorbar"]
+__all__ = ["Canvas", "DEFAULT_CMAP", "Field", "Frame", "SIGNED_CMAP", "attention_distance_plot", "caption",
+           "channel_gallery", "colorbar", "display_size", "embedding_filters", "evaluation_plot",
+           "faithfulness_plot", "feature_norm", "feature_pca", "fields", "filter_components", "filter_tiles",
+           "foreground_pca", "foreground_pca_view", "head_tile", "layer_strip", "outlier_tokens", "overlay",
+           "patch_grid", "pca", "per_uniform", "position_embedding", "position_similarity", "position_tiles",
+           "prefix_legend", "ring_tokens", "shared_scale", "stage_grids", "stage_lines", "stage_pca", "tile",
+           "token_norm_map", "with_colorbar"]
