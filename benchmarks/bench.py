@@ -9,7 +9,11 @@
 Items (issue 8): forward (1), cvt (2), traced (3), pipeline (4), request (5), rerender (6),
 coldstart (7), memory (8), peak (9); issue 14: attribution (each explanation method against its
 reference package); issue 15: evaluate (against its floor of batched forwards), quantus (region
-perturbation against Quantus's), explain (batch explain images/s with --formats npy). Every time is
+perturbation against Quantus's), explain (batch explain images/s with --formats npy); issue 24: decide
+(direct logit attribution against a traced forward; activation patching against its floor of batched
+forwards and against forward hooks on timm); issue 23: compare (CKA of every layer pair against the
+traced forwards it needs, and against pytorch-cka's hook-based pass); issue 25: clip (CLIP image and
+text features against open_clip's, LeGrad-CLIP against legrad_torch's algorithm). Every time is
 min / median / max over `--repeats` rounds after warm-up; in each round the contenders run once each,
 in rotating order, so a slow spell of the machine hits all of them. Ratios are of medians. Contenders are checked to compute the same logits
 before they are timed. Checkpoints are random weights in the real Hub layouts (timm's `config.json`
@@ -31,6 +35,7 @@ import time
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Callable
 
 import numpy as np
@@ -49,9 +54,11 @@ from vitviz.preprocess import Transform  # noqa: E402
 from vitviz.session import ModelRun, decode_side  # noqa: E402
 
 ITEMS = ("forward", "cvt", "traced", "pipeline", "request", "rerender", "coldstart", "memory", "peak", "attribution",
-         "evaluate", "quantus", "explain")
+         "evaluate", "quantus", "explain", "decide", "compare", "clip")
 TARGETS = {"forward": 1.00, "cvt": 1.00, "traced": 1.30, "pipeline": 0.80, "request": 1.50, "rerender": 0.10,
-           "coldstart": 1.50, "attribution": 1.00, "evaluate": 1.25, "quantus": 1.00}
+           "coldstart": 1.50, "import": 1.15, "attribution": 1.00, "evaluate": 1.25, "quantus": 1.00,
+           "decide": 1.30, "decide-floor": 1.10, "decide-hooks": 1.00, "compare": 1.20, "compare-cka": 1.00,
+           "clip": 1.00}
 EXPLAIN_IMAGES_S = 10   # batch explain with --formats npy, bundled pair, images per second (at least)
 VIT_SHAPES = ("vit_small_patch16_224", "vit_base_patch16_224")
 TINY_VIT = dict(depth=2, embed_dim=32, num_heads=2)                               # --quick
@@ -152,14 +159,16 @@ class Bench:
         path.mkdir(parents=True, exist_ok=True)
         return path
 
-    def timm_vit(self, shape: str):
-        """(timm model, vitviz LoadedModel) with the same random weights, through timm's Hub layout."""
+    def timm_vit(self, shape: str, img_size: int | None = None):
+        """(timm model, vitviz LoadedModel) with the same random weights, through timm's Hub layout; `img_size`:
+        the model made for that input size instead of its own."""
         import timm
         from timm.models import save_for_hf
 
         torch.manual_seed(0)
-        reference = timm.create_model(shape, pretrained=False, **(TINY_VIT if self.quick else {})).eval()
-        folder = self.folder(shape)
+        size = {} if img_size is None else {"img_size": img_size}
+        reference = timm.create_model(shape, pretrained=False, **(TINY_VIT if self.quick else {}), **size).eval()
+        folder = self.folder(shape if img_size is None else f"{shape}-{img_size}")
         if not (folder / "model.safetensors").is_file():
             save_for_hf(reference, str(folder), safe_serialization=True)
         return reference.to(self.device), vitviz.load(str(folder), device=self.device)
@@ -222,11 +231,12 @@ class Bench:
 
     @cached_property
     def app(self):
-        import app
-        app.DEVICE = str(self.device)
-        app.LOCAL_ALLOWED.update(self.imagenet_pair)
-        app.LOCAL_ALLOWED.update(self.bundled_pair[:2])
-        return app
+        """The page's handlers (`vitviz.ui`), running the models on this bench's device."""
+        from vitviz.ui import attention, gpu, page
+        gpu.DEVICE = str(self.device)
+        gpu.LOCAL_ALLOWED.update(self.imagenet_pair)
+        gpu.LOCAL_ALLOWED.update(self.bundled_pair[:2])
+        return SimpleNamespace(attention=attention, gpu=gpu, page=page)
 
 
 # ---- 1 and 3: ViT forward, plain and traced, against timm --------------------------------------------------
@@ -376,12 +386,12 @@ def request(bench: Bench, items: set[str]) -> None:
     megapixels = Image.open(bench.jpeg).width * Image.open(bench.jpeg).height / 1e6
     for what, (a, b) in (("ImageNet pair (ViT-B/16 + CvT-13)", bench.imagenet_pair),
                          (bench.bundled_pair[2], bench.bundled_pair[:2])):
-        models = [app.load_model(name) for name in (a, b)]
+        models = [app.gpu.load_model(name) for name in (a, b)]
         inputs = [m.preprocess(Image.open(PHOTO).convert("RGB")) for m in models]
         keys = []
 
         def click():
-            keys.append(app.explain(photo, a, b)[0])
+            keys.append(app.page.explain(photo, a, b, progress=lambda *args, **kwargs: None).key)
 
         def forward(i: int):
             with torch.inference_mode(), bench.amp():   # the request runs as the server runs it, bare
@@ -397,8 +407,8 @@ def request(bench: Bench, items: set[str]) -> None:
                    f"{_ms(t['b'].median)} ms, " + verdict("request", t["request"].median / forwards))
         if "rerender" in items:
             key = keys[-1]
-            r = bench.time({"layers": lambda: app.render_layers(key, 2, 1, 2, 0, None, "row"),
-                            "maps": lambda: app.render_maps(key, "viridis", "nearest", "heatmap", True)})
+            r = bench.time({"layers": lambda: app.attention.render_layers(key, 2, 1, 2, 0, None, "row"),
+                            "maps": lambda: app.page.render_maps(key, "viridis", "nearest", "heatmap", True)})
             for name, action in (("layers", "layer/head slider"), ("maps", "colour map")):
                 report(f"app re-render ({action}), {what}: {r[name]} vs request {_ms(t['request'].median)} ms, "
                        + verdict("rerender", r[name].median / t["request"].median))
@@ -415,6 +425,9 @@ def launched_app(bench: Bench, items: set[str]) -> None:
     pairs = {"ImageNet pair (ViT-B/16 + CvT-13) from folders": bench.imagenet_pair}
     if "coldstart" in items:
         pairs[bench.bundled_pair[2]] = bench.bundled_pair[:2]
+        imports = import_seconds()
+        report(f"start-up imports, fresh interpreters taking turns: import app {imports['app']}, import gradio, torch "
+               f"{imports['gradio, torch']}, " + verdict("import", imports["app"].median / imports["gradio, torch"].median))
     photo = handle_file(str(bench.jpeg))   # made before any clock starts: it takes seconds
     for what, (a, b) in pairs.items():
         memory = "memory" in items and what.startswith("ImageNet")
@@ -447,6 +460,20 @@ def launched_app(bench: Bench, items: set[str]) -> None:
             gib = lambda key: int(status[key].split()[0]) * 1024 / 2**30
             report(f"app memory, ImageNet pair, after {len(seconds)} requests over HTTP: RSS {gib('VmRSS'):.2f} GiB, "
                    f"peak RSS {gib('VmHWM'):.2f} GiB (requests from a client: {warm})")
+
+
+def import_seconds(rounds: int = 5) -> dict[str, Timing]:
+    """Seconds to import the app, and its floor (gradio and torch, which it cannot start without), each in a fresh
+    interpreter, the two taking turns so that a busy moment of the machine falls on both."""
+    code = {"app": "import app", "gradio, torch": "import gradio, torch"}
+    seconds = {name: [] for name in code}
+    for _ in range(rounds):
+        for name, statement in code.items():
+            timed = f"import time; t = time.perf_counter(); {statement}; print(time.perf_counter() - t)"
+            done = subprocess.run([sys.executable, "-c", timed], cwd=ROOT, capture_output=True, text=True, check=True,
+                                  env={**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"})
+            seconds[name].append(float(done.stdout.split()[-1]))
+    return {name: Timing(values) for name, values in seconds.items()}
 
 
 # ---- 9: the machine's limit ------------------------------------------------------------------------------
@@ -697,6 +724,64 @@ def quantus_region(bench: Bench, items: set[str]) -> None:
            f"quantus RegionPerturbation {t['quantus']}, " + verdict("quantus", t["vitviz"].median / t["quantus"].median))
 
 
+# ---- issue 25: CLIP against open_clip and legrad_torch -------------------------------------------------------
+
+def clip(bench: Bench, items: set[str]) -> None:
+    """CLIP ViT-B/16 with QuickGELU (OpenAI's shape; random weights in open_clip's Hub layout, through
+    `vitviz.load`): image features against open_clip 3.3's `encode_image`, text features of 8 prompts against
+    `encode_text`, and LeGrad-CLIP (3 prompts, one image, the last two blocks) against legrad_torch 1.1's
+    `compute_legrad_clip` as tests/test_clip.py writes it out on open_clip's modules, with its hooks and frozen
+    early blocks (legrad_torch itself needs open_clip <= 2.23, which cannot share this venv)."""
+    import copy
+    import open_clip
+    import torch.nn.functional as F
+    from test_clip import (TINY_NAMES, Hooked, legrad_torch_compute_legrad_clip, min_max, register_tiny_clips,
+                           save_open_clip)
+    from test_models import VIT_STD, perturb_
+    from vitviz import explain
+
+    shape = "ViT-B-16-quickgelu"   # the lines name it; --quick runs a tiny CLIP of the same kind
+    if bench.quick:
+        register_tiny_clips(bench.folder("open-clip-configs"))
+    config = TINY_NAMES["quick_gelu"] if bench.quick else shape
+    torch.manual_seed(0)
+    reference = perturb_(open_clip.create_model(config, pretrained=None), std=VIT_STD)
+    loaded = vitviz.load(str(save_open_clip(reference, config, bench.folder(config), timm_config=False)),
+                         device=bench.device)
+    reference = reference.to(bench.device)
+    size = loaded.size
+    for batch in bench.batches:
+        pixels = torch.randn(batch, 3, size, size, device=bench.device)
+        with torch.inference_mode():
+            same_logits(loaded.image_features(pixels), reference.encode_image(pixels), f"{shape} image features")
+            with bench.amp():
+                t = bench.time({"vitviz": lambda: loaded.image_features(pixels),
+                                "open_clip": lambda: reference.encode_image(pixels)})
+        report(f"clip image features b{batch} {shape}: vitviz {t['vitviz']}, open_clip encode_image {t['open_clip']}, "
+               + verdict("clip", t["vitviz"].median / t["open_clip"].median))
+    prompts = [f"a photo of a {word}" for word in ("dog", "cat", "ball", "grass", "tree", "car", "sky", "person")]
+    ids = loaded.tokenize(prompts)
+    with torch.inference_mode():
+        same_logits(loaded.clip.text_features(ids), reference.encode_text(ids), f"{shape} text features")
+        with bench.amp():
+            t = bench.time({"vitviz": lambda: loaded.clip.text_features(ids),
+                            "open_clip": lambda: reference.encode_text(ids)})
+    report(f"clip text features {len(prompts)} prompts {shape}: vitviz {t['vitviz']}, open_clip encode_text "
+           f"{t['open_clip']}, " + verdict("clip", t["vitviz"].median / t["open_clip"].median))
+    classifier, image = loaded.with_prompts(prompts[:3]), torch.randn(1, 3, size, size, device=bench.device)
+    with torch.no_grad():
+        text_embedding = F.normalize(reference.encode_text(ids[:3]), dim=-1)
+    hooked = Hooked(copy.deepcopy(reference), -2)
+    params = explain.METHODS["legrad"].params_for(True)
+    ours = lambda: explain.legrad(classifier.model, image.repeat(3, 1, 1, 1), [0, 1, 2], **params)
+    theirs = lambda: legrad_torch_compute_legrad_clip(hooked, image, text_embedding)
+    upsampled = min_max(F.interpolate(ours()[None], scale_factor=loaded.model.config.patch_size, mode="bilinear"))
+    same_map(upsampled.cpu().numpy(), theirs().detach().cpu().numpy(), "LeGrad-CLIP", tol=1e-4)
+    t = bench.time({"vitviz": ours, "legrad_torch": theirs})
+    report(f"clip legrad 1 image x 3 prompts {shape}: vitviz {t['vitviz']}, legrad_torch's algorithm "
+           f"{t['legrad_torch']}, " + verdict("clip", t["vitviz"].median / t["legrad_torch"].median))
+
+
 def batch_explain(bench: Bench, items: set[str]) -> None:
     """`python -m vitviz explain` on the bundled pair (rollout, the command's defaults), in process: images
     per second writing maps as .npy only, without and with the deletion/insertion AUCs, and writing every
@@ -722,6 +807,133 @@ def batch_explain(bench: Bench, items: set[str]) -> None:
            f"(target >= {EXPLAIN_IMAGES_S}) {'OK' if met else 'MISSED'}; with the default --faithfulness-steps 8 "
            f"{rates['npy+auc']:.1f} images/s; png + npy {rates['png']:.1f} images/s "
            f"(npy alone {rates['npy'] / rates['png']:.1f}x faster)")
+
+
+# ---- issue 24: what decides ---------------------------------------------------------------------------------
+
+def timm_patching(reference, clean: torch.Tensor, corrupted: torch.Tensor, target: int, foil: int) -> np.ndarray:
+    """Residual patching as one writes it with forward hooks on timm: per block and token, the clean run's
+    residual copied into the corrupted run's block input, one position per forward. -> L n normalised effects."""
+    def metric(logits):
+        return float(logits[0, target] - logits[0, foil])
+
+    inputs = []
+    hooks = [block.register_forward_pre_hook(lambda module, args: inputs.append(args[0])) for block in reference.blocks]
+    m_clean = metric(reference(clean))
+    for hook in hooks:
+        hook.remove()
+    m_corrupted = metric(reference(corrupted))
+    effects = np.zeros((len(reference.blocks), inputs[0].shape[1]))
+    for l, block in enumerate(reference.blocks):
+        for j in range(inputs[0].shape[1]):
+            def patch(module, args, l=l, j=j):
+                x = args[0].clone()
+                x[:, j] = inputs[l][:, j]
+                return (x,)
+            hook = block.register_forward_pre_hook(patch)
+            effects[l, j] = (metric(reference(corrupted)) - m_corrupted) / (m_clean - m_corrupted)
+            hook.remove()
+    return effects
+
+
+def decide(bench: Bench, items: set[str]) -> None:
+    """Direct logit attribution with token effects (ViT-B/16 and CvT-13, batch 1) against a traced forward;
+    residual patching of every block and position of ViT-Ti/16 at 112 px (12 x 50 patched images; at 224 px the
+    hooks alone take minutes a round on a CPU) against its floor, the same batched forwards from each block on
+    without building the patched batches, and against forward hooks on timm's blocks, one position per forward."""
+    from vitviz import explain
+
+    for name, (_, loaded) in (("vit_base_patch16_224", bench.vit_base), ("CvT-13", bench.cvt_13)):
+        model = loaded.model
+        pixels = torch.randn(1, 3, 224, 224, device=bench.device)
+        with torch.no_grad():
+            t = bench.time({"dla": lambda: explain.direct_logit_attribution(model, model.trace(pixels, decompose=True)),
+                            "traced": lambda: model.trace(pixels)})
+        report(f"decide attribution b1 {name}: trace + direct logit attribution + token effects {t['dla']}, traced "
+               f"forward {t['traced']}, " + verdict("decide", t["dla"].median / t["traced"].median))
+
+    size = 112
+    reference, loaded = bench.timm_vit("vit_tiny_patch16_224", img_size=size)
+    model, batch = loaded.model, 64
+    torch.manual_seed(0)
+    clean = torch.randn(1, 3, size, size, device=bench.device)
+    corrupted = explain.corrupt(clean, "blur", strength=2.0)
+    ours = lambda: explain.patch_activations(model, clean, corrupted, site="resid", batch_size=batch)
+    result = ours()
+    with torch.no_grad():
+        run = model.trace(corrupted)
+        theirs = lambda: timm_patching(reference, clean, corrupted, result.metric.target, result.metric.foil)
+        ours_table = np.stack([torch.cat([p, g.flatten()]).cpu().numpy() for p, g in zip(result.prefix, result.grid)])
+        same_map(ours_table, theirs(), "residual patching", tol=1e-4)
+
+        ready = [(index, block.inputs.expand(min(batch, block.tokens.shape[1] - start), -1, -1).contiguous())
+                 for index, block in enumerate(run.blocks) for start in range(0, block.tokens.shape[1], batch)]
+
+        def floor():   # the batched forwards patching needs, from each block on, on ready-made batches
+            for index, inputs in ready:
+                model.forward_from(index, inputs)
+
+        plan = explain.patching_plan(run, site="resid", batch_size=batch)
+        t = bench.time({"vitviz": ours, "floor": floor, "timm": theirs})
+    report(f"decide patching resid ViT-Ti/16 {size} px, {plan.images} patched images in {plan.forwards} forwards of "
+           f"<= {batch}: vitviz {t['vitviz']}, floor {t['floor']}, "
+           + verdict("decide-floor", t["vitviz"].median / t["floor"].median)
+           + f"; timm forward hooks one position per forward {t['timm']}, "
+           + verdict("decide-hooks", t["vitviz"].median / t["timm"].median))
+
+
+def compare_cka(bench: Bench, items: set[str]) -> None:
+    """`vitviz.compare` over 256 images of the bundled pair in batches of 64 (from PIL images: each model's
+    preprocessing, traced forward without attention maps, block features, HSIC_1 sums) against those traced
+    forwards alone on the
+    same batches (tokens=mean, the default); and with tokens=flat, from the same pixels, against pytorch-cka
+    1.1.3's `compute_cka` (forward hooks on the blocks of the same two models, plain forwards). Our ViT's plain
+    forward computes only the class token in its last block, so pytorch-cka hooks fewer tokens there: that
+    block's row is left out of the equality check, not out of the timing."""
+    from cka import compute_cka
+
+    from vitviz import compare
+
+    vit, cvt, what = bench.bundled_pair
+    loaded = [vitviz.load(name, device=bench.device) for name in (vit, cvt)]
+    count, size = (32, 16) if bench.quick else (256, 64)
+    images = photos(count, (32, 32))
+    cut = compare.batches(range(count), size)
+    pixels = [[torch.cat([m.preprocess(images[i]) for i in batch]) for m in loaded] for batch in cut]
+
+    def traced():
+        with torch.inference_mode():
+            for batch in pixels:
+                for m, p in zip(loaded, batch):
+                    m.model.trace(p, attention=False)
+
+    def ours_flat():
+        acc = compare.LayerCKA()
+        with torch.inference_mode():
+            for a, b in pixels:
+                acc.add_traces(loaded[0].model.trace(a, attention=False), loaded[1].model.trace(b, attention=False),
+                               tokens="flat")
+        return acc.result()
+
+    layers = [[f"blocks.{i}" for i in range(len(loaded[0].model.blocks))],
+              [f"stages.{s}.blocks.{j}" for s, stage in enumerate(loaded[1].model.stages) for j in range(len(stage.blocks))]]
+
+    def theirs():
+        return compute_cka(loaded[0].model, loaded[1].model, [[a for a, _ in pixels]], layers=layers[0],
+                           model2_layers=layers[1], device=bench.device, progress=False)[0]
+
+    if not all(torch.equal(a, b) for a, b in pixels):
+        raise SystemExit("compare: the bundled pair's preprocessing differs; pytorch-cka feeds both models one input")
+    ours, reference = np.clip(ours_flat().a_vs_b, 0, 1)[:-1], theirs().double().cpu().numpy()[:-1]
+    if not np.abs(ours - reference).max() <= 1e-3:
+        raise SystemExit(f"compare: vitviz and pytorch-cka disagree (max {np.abs(ours - reference).max():.3g}): not timed")
+    t = bench.time({"compare": lambda: compare.cka_of_images(loaded, images, tokens="mean", batch_size=size),
+                    "traced": traced})
+    report(f"compare {count} images, {what}, tokens=mean: vitviz {t['compare']}, its traced forwards {t['traced']}, "
+           + verdict("compare", t["compare"].median / t["traced"].median))
+    t = bench.time({"vitviz": ours_flat, "pytorch-cka": theirs})
+    report(f"compare {count} images, {what}, tokens=flat: vitviz {t['vitviz']}, pytorch-cka compute_cka "
+           f"{t['pytorch-cka']}, " + verdict("compare-cka", t["vitviz"].median / t["pytorch-cka"].median))
 
 
 # ---- main ---------------------------------------------------------------------------------------------------
@@ -762,7 +974,7 @@ def main(argv=None) -> None:
         steps = [({"forward", "traced"}, vit_forward), ({"cvt"}, cvt_forward), ({"pipeline"}, pipeline),
                  ({"request", "rerender"}, request), ({"coldstart", "memory"}, launched_app), ({"peak"}, peak),
                  ({"attribution"}, attribution), ({"evaluate"}, evaluate_floor), ({"quantus"}, quantus_region),
-                 ({"explain"}, batch_explain)]
+                 ({"explain"}, batch_explain), ({"decide"}, decide), ({"compare"}, compare_cka), ({"clip"}, clip)]
         for wanted, step in steps:
             if wanted & items:
                 step(bench, items)

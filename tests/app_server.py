@@ -39,8 +39,9 @@ class AppServer:
             self.process.kill()
 
 
-def launch(tmp: Path, *args: str, env: dict | None = None, timeout: float = 180) -> AppServer:
-    """`python app.py ARGS` on a free port; returns once the page is served (or raises with the log), within
+def launch(tmp: Path, *args: str, env: dict | None = None, timeout: float = 180,
+           script: Path = ROOT / "app.py") -> AppServer:
+    """`python app.py ARGS` (or another `script` that runs it) on a free port; returns once the page is served (or raises with the log), within
     0.05 s of it: the cold-start benchmark times the first page by this return.
     `env` adds to or overrides the environment; a None value removes that variable (HF_HUB_OFFLINE: None
     lets the app reach the Hub that HF_ENDPOINT names)."""
@@ -50,7 +51,7 @@ def launch(tmp: Path, *args: str, env: dict | None = None, timeout: float = 180)
                "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp / "hf-home"), "GRADIO_TEMP_DIR": str(tmp / "gradio"),
                "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONUNBUFFERED": "1", **(env or {})}
     environ = {name: value for name, value in environ.items() if value is not None}
-    process = subprocess.Popen([sys.executable, str(ROOT / "app.py"), *args], cwd=ROOT, env=environ,
+    process = subprocess.Popen([sys.executable, str(script), *args], cwd=ROOT, env=environ,
                                stdout=log.open("wb"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/"
     deadline = time.time() + timeout

@@ -11,10 +11,13 @@ from pathlib import Path
 import gradio as gr
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 import app
+import vitviz
 from hub_server import closed_port_url
+from vitviz.ui import anatomy, attention, classes, download, features, gpu, page, shared, tokens
 from tests.app_server import launch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,8 +29,8 @@ SCREENSHOTS = Path(os.environ.get("VITVIZ_SCREENSHOTS", "/tmp/vitviz-screenshots
 
 @pytest.fixture(scope="module")
 def clicked():
-    """One click of Explain on the bundled pair, called as the app calls it."""
-    return app.explain({"path": str(PHOTO)}, *PAIR)
+    """One click of Explain on the bundled pair, called as the page calls it."""
+    return page.explain({"path": str(PHOTO)}, *PAIR, progress=lambda *a, **k: None)
 
 
 def is_view_of(view: np.ndarray, photo: Path) -> bool:
@@ -36,29 +39,30 @@ def is_view_of(view: np.ndarray, photo: Path) -> bool:
     return view.dtype == np.uint8 and view.ndim == 3 and view.shape[2] == 3 and w <= view.shape[1] < w + 200
 
 
-def test_explain_returns_predictions_maps_and_grids_for_both_models(clicked):
-    key, label_a, label_b, map_a, map_b, grid_a, grid_b, compare = clicked[:8]
-    for label in (label_a, label_b):
+def test_explain_answers_predictions_maps_and_their_agreement_and_the_tabs_draw_the_rest(clicked):
+    for label in (clicked.label_a, clicked.label_b):
         assert len(label) == 5 and abs(sum(label.values()) - 1) < 0.5
         assert set(label) <= {"airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"}
-    assert is_view_of(map_a, PHOTO) and is_view_of(map_b, PHOTO)
-    assert len(grid_a) == 1 and len(grid_b) == 3   # ViT's one patch grid; CvT's three stages
-    assert "rank correlation" in compare
-    layer_a, layer_b = clicked[8], clicked[10]
+    assert is_view_of(clicked.map_a, PHOTO) and is_view_of(clicked.map_b, PHOTO)
+    assert "rank correlation" in clicked.comparison and clicked.point is None
+    grids = tokens.render_tokens(clicked.key)
+    assert len(grids.grid_a) == 1 and len(grids.grid_b) == 3   # ViT's one patch grid; CvT's three stages
+    sliders = attention.after_explain(clicked.key)
+    layer_a, layer_b = sliders[0], sliders[2]
     assert layer_a.maximum == 7 and layer_b.maximum == 9   # the bundled ViT's 7 blocks; CvT's 1 + 2 + 6
-    norm_a, norm_b = clicked[15:17]
+    norm_a, norm_b = tokens.norm_sliders(clicked.key)[:2]
     assert (norm_a.maximum, norm_a.value, norm_b.maximum, norm_b.value) == (7, 7, 9, 9)
 
 
 def test_a_layer_or_head_the_model_lacks_is_refused_in_words(clicked):
-    key = clicked[0]
+    key = clicked.key
     with pytest.raises(gr.Error, match="vit-cifar10 has 7 layers: choose a layer from 1 to 7"):
-        app.render_layers(key, 12, 0, 1, 0, None, "row")
+        attention.render_layers(key, 12, 0, 1, 0, None, "row")
     with pytest.raises(gr.Error, match="cvt-cifar10 has 9 layers"):
-        app.render_norms(key, 7, 0)
+        tokens.render_norms(key, 7, 0)
     with pytest.raises(gr.Error, match="Layer 2 of cvt-cifar10 has 2 heads: choose a head from 1 to 2, or 0"):
-        app.render_layers(key, 1, 0, 2, 3, None, "row")
-    one_block = app.layer_slider(1)   # Gradio has no slider over one value
+        attention.render_layers(key, 1, 0, 2, 3, None, "row")
+    one_block = shared.layer_slider(1)   # Gradio has no slider over one value
     assert (one_block.minimum, one_block.maximum, one_block.value, one_block.interactive) == (1, 2, 1, False)
 
 
@@ -71,74 +75,105 @@ def test_a_click_on_a_large_photo_lands_on_the_token_under_it(tmp_path, orientat
     if orientation == 6:
         big = big.transpose(Image.Transpose.ROTATE_90)   # stored sideways: shown 4000 wide again
     big.save(tmp_path / "big.jpg", quality=90, exif=exif.tobytes())
-    key = app.explain({"path": str(tmp_path / "big.jpg")}, *PAIR)[0]
-    for run in app.RUNS.get(key):
+    key = page.explain({"path": str(tmp_path / "big.jpg")}, *PAIR, progress=lambda *a, **k: None).key
+    for run in shared.runs(key):
         assert run.image.width < 4000   # decoded reduced
         h, w = run.canvas.size
-        assert app.run_point(run, (4000, 3000)) == pytest.approx((w, h))
-        assert app.run_point(run, (1000, 1500)) == pytest.approx((w / 4, h / 2))
+        assert shared.run_point(run, (4000, 3000)) == pytest.approx((w, h))
+        assert shared.run_point(run, (1000, 1500)) == pytest.approx((w / 4, h / 2))
 
 
 def test_views_reach_the_page_as_files_of_their_own(clicked, tmp_path, monkeypatch):
     """Two identical answers never share a file (one request would rewrite what another's browser reads)."""
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))   # Gradio's cache folder, read at each call
-    render = app.as_files(app.render_maps)
-    first, second = render(clicked[0], "inferno", "bilinear", "heatmap", False), \
-        render(clicked[0], "inferno", "bilinear", "heatmap", False)
-    drawn = app.render_maps(clicked[0], "inferno", "bilinear", "heatmap", False)
+    render = shared.as_files(page.render_maps)
+    first, second = render(clicked.key, "inferno", "bilinear", "heatmap", False), \
+        render(clicked.key, "inferno", "bilinear", "heatmap", False)
+    drawn = page.render_maps(clicked.key, "inferno", "bilinear", "heatmap", False)
     for a, b, array in zip(first[:2], second[:2], drawn[:2]):
         assert a != b and Path(a).is_relative_to(tmp_path) and a.endswith(".jpg")
         for path in (a, b):
             decoded = np.asarray(Image.open(path)).astype(int)
             assert decoded.shape == array.shape and np.abs(decoded - array).mean() < 3   # JPEG, quality 90
     assert first[2] == second[2] == drawn[2]   # text passes through
-    stages = app.as_files(app.render_stages)(clicked[0])
+    stages = shared.as_files(features.render_stages)(clicked.key)
     assert all(isinstance(path, str) and Path(path).is_file() for gallery in stages for path in gallery)
 
 
-def test_rerenders_reuse_the_kept_trace_and_never_run_a_model(clicked, monkeypatch):
-    key = clicked[0]
-    runs = app.RUNS.get(key)
-    for run in runs:
-        monkeypatch.setattr(run.loaded.model, "forward", lambda *a: pytest.fail("a re-render ran the model"))
-        monkeypatch.setattr(run.loaded.model, "trace", lambda *a, **k: pytest.fail("a re-render traced the model"))
-    views = app.render_maps(key, "turbo", "nearest", "mask", True)
+def test_rerenders_draw_from_the_kept_session_and_never_call_a_gpu_function(clicked, monkeypatch):
+    key = clicked.key
+    for name in ("trace", "class_maps", "faithfulness"):
+        monkeypatch.setattr(gpu, name, lambda *a, **k: pytest.fail("a re-render asked for a model pass"))
+    views = page.render_maps(key, "turbo", "nearest", "mask", True)
     assert all(is_view_of(v, PHOTO) for v in views[:2])
-    for direction in ("row",):
-        assert all(is_view_of(v, PHOTO) for v in app.render_layers(key, 3, 2, 5, 0, None, direction))
-    assert all(is_view_of(v, PHOTO) for v in app.render_layers(key, 1, 0, 1, 0, (300, 200), "column"))
-    assert all(len(g) >= 2 for g in app.render_stages(key))
-    assert all(v.ndim == 3 for v in app.render_anatomy(key))
-    assert all(is_view_of(v, PHOTO) for v in app.render_norms(key, 7, 9))
+    assert all(is_view_of(v, PHOTO) for v in attention.render_layers(key, 3, 2, 5, 0, None, "row"))
+    assert all(is_view_of(v, PHOTO) for v in attention.render_layers(key, 1, 0, 1, 0, (300, 200), "column"))
+    assert all(len(g) >= 2 for g in features.render_stages(key))
+    assert all(v.ndim == 3 for v in anatomy.render_anatomy(key))
+    assert all(is_view_of(v, PHOTO) for v in tokens.render_norms(key, 7, 9))
+    assert len(attention.render_heads(key, 7, 9).heads_a) == 1 + 3   # the head mean, then its 3 heads
+    assert "high-norm" in tokens.render_registers(key).note
 
 
-def test_gradient_faithfulness_and_download_panels(clicked):
-    key = clicked[0]
-    target_a = clicked[12]
+def test_the_app_process_keeps_no_weights_the_gpu_functions_send_plain_data(clicked):
+    """Models cross the GPU boundary by name: the session holds cards (no weights), CPU fp32 pixels and traces."""
+    kept = shared.session(clicked.key)
+    for run, traced in zip(kept.runs, kept.traced):
+        assert run.loaded.model is None and run.pixels.device.type == "cpu" and run.pixels.dtype == torch.float32
+        assert all(b.attn.device.type == "cpu" and b.attn.dtype == torch.float32 for b in run.trace.blocks)
+        assert traced.filters.ndim == 4
+    assert kept.traced[1].positions is None   # CvT has no position embedding
+
+
+def test_class_maps_faithfulness_and_the_zip_come_from_the_gpu_functions_once_and_are_kept(clicked, monkeypatch):
+    key = clicked.key
+    target_a = classes.class_choices(key)[0]
     second = target_a.choices[1][1]   # explain the runner-up class
-    grads = app.render_gradients(key, "chefer", second, None, None)
-    assert all(is_view_of(v, PHOTO) for v in grads)
-    plots = app.render_faithfulness(key, "rollout", 4)
-    assert all(p.ndim == 3 and p.shape[2] == 3 for p in plots)
-    with zipfile.ZipFile(app.download(key, ["rollout", "chefer"])) as archive:
+    asked = []
+    class_maps, faithfulness = gpu.class_maps, gpu.faithfulness
+    monkeypatch.setattr(gpu, "class_maps", lambda *a: asked.append("maps") or class_maps(*a))
+    monkeypatch.setattr(gpu, "faithfulness", lambda *a: asked.append("curves") or faithfulness(*a))
+    grads = classes.render_gradients(key, "chefer", second, None, None)
+    assert all(is_view_of(v, PHOTO) for v in grads) and asked == ["maps"]
+    assert classes.render_gradients(key, "chefer", second, None, None)[0].shape == grads[0].shape and asked == ["maps"]
+    plots = classes.render_faithfulness(key, "rollout", 4)
+    assert all(p.ndim == 3 and p.shape[2] == 3 for p in plots) and asked == ["maps", "curves"]
+    with zipfile.ZipFile(download.download(key, ["rollout", "chefer"])) as archive:
         names = set(archive.namelist())
         manifest = json.loads(archive.read("manifest.json"))
+        chefer = np.load(archive.open("image/vit-cifar10/chefer.npy"))
     listed = {f"image/{m['model']}/{f}" for m in manifest["images"][0]["models"] for f in m["files"]}
     assert listed == names - {"manifest.json"}
+    # the zip's Chefer map is the top class's, computed once more through the GPU function, and equals the CLI's
+    from vitviz.session import explain_image
+    local = explain_image(shared.session(key).picture, [vitviz.load(PAIR[0])])[0]
+    assert np.allclose(chefer, local.token_map("chefer"), rtol=1e-5, atol=1e-7)
 
 
-def test_plain_word_errors_for_a_non_image_and_a_model_that_cannot_be_loaded(tmp_path):
+def test_plain_word_errors_for_a_non_image_a_model_that_cannot_be_loaded_and_a_missing_class(clicked, tmp_path):
     fake = tmp_path / "page.jpg"
     fake.write_text("<!doctype html><html><body>not a photo</body></html>")
+    quiet = dict(progress=lambda *a, **k: None)
     with pytest.raises(gr.Error, match="not an image"):
-        app.explain({"path": str(fake)}, *PAIR)
+        page.explain({"path": str(fake)}, *PAIR, **quiet)
     with pytest.raises(gr.Error, match="Upload an image"):
-        app.explain(None, *PAIR)
+        page.explain(None, *PAIR, **quiet)
     with pytest.raises(gr.Error) as error:
-        app.explain({"path": str(PHOTO)}, "../../etc/passwd", PAIR[1])
+        page.explain({"path": str(PHOTO)}, "../../etc/passwd", PAIR[1], **quiet)
     assert "passwd" in str(error.value)
     with pytest.raises(gr.Error, match="expired"):
-        app.render_norms("no-such-session", 1, 1)
+        tokens.render_norms("no-such-session", 1, 1)
+    with pytest.raises(gr.Error, match="target class 12 is not one of the model's 10 classes"):
+        classes.render_gradients(clicked.key, "chefer", 12, None, None)
+    with pytest.raises(gr.Error, match="Choose vit-cifar10's class from the list"):
+        classes.render_gradients(clicked.key, "chefer", "a dog", None, None)
+
+
+def test_app_py_is_only_the_entry_and_only_the_ui_package_imports_gradio():
+    assert len((ROOT / "app.py").read_text().splitlines()) < 80
+    importers = [p.relative_to(ROOT).as_posix() for p in (ROOT / "vitviz").rglob("*.py")
+                 if "import gradio" in p.read_text() or "from gradio" in p.read_text()]
+    assert importers and all(path.startswith("vitviz/ui/") for path in importers), importers
 
 
 # ---- hosted as a Space: ZeroGPU's conventions, the default pair loaded at start ---------------------------
@@ -164,14 +199,14 @@ class FirstImports:
 
 sys.meta_path.insert(0, FirstImports())
 import app
+from vitviz.ui import classes, download, gpu, page
 
-key = app.explain({"path": "assets/cat_chelsea.jpg"}, "vit-cifar10", "cvt-cifar10")[0]
+key = page.explain({"path": "assets/cat_chelsea.jpg"}, "vit-cifar10", "cvt-cifar10", progress=lambda *a, **k: None).key
 print(json.dumps({
-    "first": first, "zero_gpu": app.ZERO_GPU,
-    "devices": sorted({str(run.loaded.device) for run in app.RUNS.get(key)}),
-    "gradients": [view.shape for view in app.render_gradients(key, "chefer", None, None, None)],
-    "faithfulness": [plot.shape for plot in app.render_faithfulness(key, "rollout", 4)],
-    "download": zipfile.is_zipfile(app.download(key, ["rollout"])),
+    "first": first, "zero_gpu": gpu.ZERO_GPU, "device": gpu.DEVICE,
+    "gradients": [view.shape for view in classes.render_gradients(key, "chefer", None, None, None)],
+    "faithfulness": [plot.shape for plot in classes.render_faithfulness(key, "rollout", 4)],
+    "download": zipfile.is_zipfile(download.download(key, ["rollout"])),
 }))
 """
 
@@ -179,7 +214,7 @@ print(json.dumps({
 def test_importing_app_loads_spaces_before_torch_and_its_gpu_events_answer_on_the_cpu(tmp_path):
     out = in_a_fresh_interpreter(IMPORT_ORDER_AND_CPU_EVENTS, tmp_path)
     assert out["first"]["spaces"]["order"] == 0 and out["first"]["torch"]["spaces_loaded"]
-    assert not out["zero_gpu"] and out["devices"] == ["cpu"]
+    assert not out["zero_gpu"] and out["device"] == "cpu"
     assert len(out["gradients"]) == len(out["faithfulness"]) == 2 and out["download"]
     assert all(len(shape) == 3 and shape[2] == 3 for shape in out["gradients"] + out["faithfulness"])
 
@@ -189,23 +224,23 @@ import inspect, json
 import app
 import torch
 from vitviz import catalog, hub
+from vitviz.ui import gpu
 
 def duration(event):   # what spaces.GPU was given for it
     given = inspect.getclosurevars(event).nonlocals["duration"]
     return given.__name__ if callable(given) else given
 
 started = app.load_at_start(catalog.BUNDLED_PAIR)
-on_cuda = [hub.load(name, device=app.DEVICE) for name in catalog.BUNDLED_PAIR]   # what the start loaded
+on_cuda = [hub.load(name, device=gpu.DEVICE) for name in catalog.BUNDLED_PAIR]   # what the start loaded
 on_cpu = [hub.load(name, device="cpu") for name in catalog.BUNDLED_PAIR]
 pixels = torch.rand(1, 3, 32, 32)
-events = {name: getattr(app, name) for name in ("explain", "render_gradients", "render_faithfulness", "download",
-                                                "render_maps", "render_layers", "render_stages", "render_norms")}
+functions = {name: getattr(gpu, name) for name in dir(gpu) if callable(getattr(gpu, name))}
 print(json.dumps({
-    "zero_gpu": app.ZERO_GPU, "device": app.DEVICE, "in_background": started is not None,
+    "zero_gpu": gpu.ZERO_GPU, "device": gpu.DEVICE, "in_background": started is not None,
     "devices": [str(m.device) for m in on_cuda],
     "same_logits": [torch.equal(a.model(pixels.to("cuda")).cpu(), b.model(pixels)) for a, b in zip(on_cuda, on_cpu)],
-    "durations": {name: duration(event) for name, event in events.items() if hasattr(event, "zerogpu")},
-    "explain_s": [app.explain_seconds(None, *catalog.BUNDLED_PAIR), app.explain_seconds(None, "vit-base", "cvt-13")],
+    "durations": {name: duration(fn) for name, fn in functions.items() if hasattr(fn, "zerogpu")},
+    "trace_s": [gpu.trace_seconds(None, catalog.BUNDLED_PAIR), gpu.trace_seconds(None, ("vit-base", "cvt-13"))],
 }))
 """
 
@@ -214,15 +249,16 @@ def test_on_zerogpu_the_default_pair_is_put_on_cuda_at_start_and_each_model_even
         tmp_path):
     """ZeroGPU's own CUDA emulation (the real `spaces` package with SPACES_ZERO_GPU set; its device API is
     never called, as nothing is launched): the start loads the pair in the calling thread, the only one
-    whose tensors the emulation sees, onto 'cuda' with the checkpoint's weights; the four events that run
-    a model ask for a GPU with their own duration, the re-renders for none."""
+    whose tensors the emulation sees, onto 'cuda' with the checkpoint's weights; the GPU functions,
+    the only ones spaces.GPU decorates, each ask for a GPU with their own duration."""
     out = in_a_fresh_interpreter(ZEROGPU_START, tmp_path, SPACES_ZERO_GPU="true",
                                  SPACES_ZERO_DEVICE_API_URL=closed_port_url())
     assert out["zero_gpu"] and out["device"] == "cuda" and not out["in_background"]
     assert out["devices"] == ["cuda:0", "cuda:0"] and out["same_logits"] == [True, True]
-    assert out["durations"] == {"explain": "explain_seconds", "render_gradients": app.GRADIENTS_S,
-                                "render_faithfulness": app.FAITHFULNESS_S, "download": app.DOWNLOAD_S}
-    assert out["explain_s"] == [app.EXPLAIN_S, app.EXPLAIN_LOADING_S]
+    assert {"trace": "trace_seconds", "class_maps": gpu.MAPS_S,
+            "faithfulness": gpu.FAITHFULNESS_S}.items() <= out["durations"].items()
+    assert all(isinstance(d, int) and 0 < d <= 120 or isinstance(d, str) for d in out["durations"].values())
+    assert out["trace_s"] == [gpu.TRACE_S, gpu.TRACE_LOADING_S]
 
 
 def test_an_explain_during_the_start_up_load_waits_for_it_with_progress_and_nothing_loads_twice(monkeypatch):
@@ -241,11 +277,11 @@ def test_an_explain_during_the_start_up_load_waits_for_it_with_progress_and_noth
         assert time.monotonic() < deadline, "the start-up load never began"
         time.sleep(0.01)
     heard = []
-    answer = app.explain({"path": str(PHOTO)}, *PAIR, progress=lambda fraction, desc=None: heard.append(desc))
+    answer = page.explain({"path": str(PHOTO)}, *PAIR, progress=lambda fraction, desc=None: heard.append(desc))
     loading.join(timeout=60)
-    assert loads == list(PAIR) and not app.STARTING
+    assert loads == list(PAIR) and not gpu.STARTING
     assert f"waiting for {PAIR[0]}, which the server has been loading since it started" in heard
-    assert len(answer[1]) == len(answer[2]) == 5
+    assert len(answer.label_a) == len(answer.label_b) == 5
 
 
 # ---- the launched app ------------------------------------------------------------------------------------
@@ -274,38 +310,39 @@ def image_size(path) -> tuple[int, int]:
         return image.size
 
 
-def test_every_public_endpoint_answers_from_a_real_client(client):
+def test_the_api_page_lists_one_endpoint_per_computation_and_each_answers_from_a_real_client(client):
     from gradio_client import handle_file
     api = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
-    assert "/explain" in api
+    computations = {"/explain", "/render_maps", "/render_layers", "/render_heads", "/render_model_view",
+                    "/render_tokens", "/render_norms", "/render_registers", "/render_gradients", "/render_faithfulness",
+                    "/render_leaderboard", "/render_stages", "/render_features", "/render_anatomy", "/download",
+                    "/pick_point", "/stats",
+                    "/render_lens", "/render_lens_layer", "/render_residual", "/render_cka", "/compute_cka"}
+    assert set(api) == computations, sorted(set(api) ^ computations)
     result = client.predict(handle_file(str(PHOTO)), *PAIR, api_name="/explain")
-    label_a, label_b, map_a, map_b = result[0], result[1], result[2], result[3]
-    assert label_a["label"] and len(label_a["confidences"]) == 5 and label_b["label"]
+    label_a, label_b, map_a, map_b, words = result
+    assert label_a["label"] and len(label_a["confidences"]) == 5 and label_b["label"] and "rank correlation" in words
     photo_width = image_size(PHOTO)[0]
     for panel in (map_a, map_b):
         assert photo_width <= image_size(panel)[0] < photo_width + 200
-    called = {"/explain"}
     calls = {
-        "/render_maps_on_cmap": ("inferno", "bilinear", "heatmap", False),
-        "/render_layers_on_layer_a": (2, 1, 3, 0, "row"),
-        "/render_stages": (), "/render_anatomy": (), "/render_norms": (3, 4),
-        "/render_gradients": ("grad-rollout", None, None),
-        "/render_faithfulness": ("rollout", 4),
-        "/download": (["rollout"],),
+        "/render_maps": ("inferno", "bilinear", "heatmap", False), "/render_layers": (2, 1, 3, 0, "row"),
+        "/render_heads": (2, 3, "cls", False, 0.6, "outline"), "/render_model_view": ("cls", False, 0.6, "outline"),
+        "/render_tokens": (), "/render_norms": (3, 4), "/render_registers": (), "/render_stages": (),
+        "/render_features": (), "/render_anatomy": (), "/render_gradients": ("grad-rollout", None, None),
+        "/render_faithfulness": ("rollout", 4), "/download": (["rollout"],),
     }
     for name, args in calls.items():
-        if name not in api:
-            continue
         outputs = client.predict(*args, api_name=name)
         outputs = outputs if isinstance(outputs, (tuple, list)) else [outputs]
-        assert outputs, name
-        called.add(name)
+        assert outputs and all(o is not None for o in outputs), name
         if name == "/download":
             with zipfile.ZipFile(outputs[0]) as archive:
                 manifest = json.loads(archive.read("manifest.json"))
                 listed = {f"image/{m['model']}/{f}" for m in manifest["images"][0]["models"] for f in m["files"]}
                 assert listed == set(archive.namelist()) - {"manifest.json"}
-    assert {"/render_stages", "/render_anatomy", "/download"} <= called
+    grids = client.predict(api_name="/render_tokens")
+    assert len(grids[0]) == 1 and len(grids[1]) == 3 and "effective stride" in grids[3]
 
 
 def test_the_faithfulness_tab_shows_the_bundled_models_leaderboard_from_a_real_client(client):
@@ -345,19 +382,20 @@ def test_a_model_without_a_classifier_answers_every_panel_in_words_from_a_real_c
     result = client.predict(handle_file(str(PHOTO)), *pair, api_name="/explain")
     assert result[side] == {"label": f"{pair[side]}: no classifier, so no predictions", "confidences": None}
     assert len(result[1 - side]["confidences"]) == 5
-    assert f"{pair[side]} has no classifier" in result[6]   # the key (a State) is not among a client's outputs
-    tokens, words = result[4 + side], result[-2 + side]   # the patch grid, and what it shows as page text
+    assert f"{pair[side]} has no classifier" in result[4]
+    grids = client.predict(api_name="/render_tokens")
+    tokens, words = grids[side], grids[2 + side]   # the patch grid, and what it shows as page text
     assert len(tokens) == 1 and "patch grid" in words
     assert ("register" in words) == (pair[side] == "dinov2-s14-reg4")
-    layers = result[-4]["value"], result[-3]["value"]   # the heads tab's layer sliders, on each model's last layer
-    assert layers[side] == 2
-    views = client.predict(*layers, "cls", True, 0.6, "outline", api_name="/render_class_free_after_explain")
-    heads = views[side]
-    assert len(heads) == 1 + 6 and heads[0]["caption"].startswith("mean of the 6 heads") and "tokens" in heads[1]["caption"]
-    assert f"{pair[side]}, layer 2: where the class token looks" in views[2] and "holding 60%" in views[2]
-    assert views[3 + side] is not None and "foreground tokens" in views[5]   # the PCA picture, and its words
-    assert "high-norm token" in views[6] and len(views[9 + side]) == 4 * side   # dinov2-s14-reg4's four registers
-    assert f"{pair[side]} has no classifier" in views[11] == views[12]   # the class and faithfulness tabs say so
+    layers = (2, 2) if side == 0 else (7, 2)
+    heads = client.predict(*layers, "cls", True, 0.6, "outline", api_name="/render_heads")
+    assert len(heads[side]) == 1 + 6 and heads[side][0]["caption"].startswith("mean of the 6 heads")
+    assert "tokens" in heads[side][1]["caption"]
+    assert f"{pair[side]}, layer 2: where the class token looks" in heads[2] and "holding 60%" in heads[2]
+    pca = client.predict(api_name="/render_features")
+    assert pca[side] is not None and "foreground tokens" in pca[2]
+    registers = client.predict(api_name="/render_registers")
+    assert "high-norm token" in registers[0] and len(registers[3 + side]) == 4 * side   # dinov2-s14-reg4's registers
     strips = client.predict("point", False, 0.6, "outline", api_name="/render_model_view")
     assert len(strips[side]) == 2   # one strip per layer
     for method in ("chefer", "attnlrp"):   # the pooled output explained instead of a class
@@ -391,7 +429,7 @@ def browser():
 
 def test_a_person_uploads_runs_moves_a_slider_clicks_a_point_and_sees_an_error(server, browser, tmp_path):
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
     page.goto(server.url)
     page.locator("#input-image input[type=file]").set_input_files(str(PHOTO))
     page.locator("#input-image img").first.wait_for(timeout=30_000)
@@ -400,6 +438,13 @@ def test_a_person_uploads_runs_moves_a_slider_clicks_a_point_and_sees_an_error(s
     page.locator("#comparison").get_by_text("rank correlation").first.wait_for(timeout=120_000)
     for label in ("#label-a", "#label-b"):
         page.locator(label).get_by_text("%").first.wait_for(timeout=10_000)
+    for panel in ("#map-a", "#map-b"):
+        page.locator(f"{panel} img").first.wait_for(timeout=30_000)
+    page.screenshot(path=str(SCREENSHOTS / "1-first-screen.png"))
+    # the first screen answers: both top 5s, both rollout maps, the comparison and the tab bar, unscrolled
+    for part in ("#label-a", "#label-b", "#map-a img", "#map-b img", "#comparison", "#tabs [role=tablist]"):
+        box = page.locator(part).first.bounding_box()
+        assert box is not None and box["y"] >= 0 and box["y"] + box["height"] <= 900, (part, box)
     page.screenshot(path=str(SCREENSHOTS / "1-explained.png"), full_page=True)
 
     slider = page.locator("#layer-a input[type=range]")
@@ -436,6 +481,11 @@ def test_a_person_uploads_runs_moves_a_slider_clicks_a_point_and_sees_an_error(s
     assert server.process.poll() is None   # still serving
 
 
+TOP_TABS = {"Tokens": "#tokens-tabs", "Attention": "#attention-tabs", "Explain a class": "#classes-tabs",
+            "Features": "#features-tabs", "Anatomy": "#anatomy-note", "Compare": "#compare-tabs",
+            "Download": "#download-build"}   # a part of each
+
+
 def open_tab(page, name: str) -> None:
     """Click a tab, from the "More tabs" menu where the page is too narrow to show it."""
     tab = page.get_by_role("tab", name=name)
@@ -464,6 +514,8 @@ def test_a_person_reads_the_token_panel_compares_dinov2_with_and_without_registe
     page.locator("#input-image input[type=file]").set_input_files(str(PHOTO))
     page.locator("#input-image img").first.wait_for(timeout=30_000)
     page.locator("#explain").click()   # the bundled pair: a ViT and a CvT
+    page.locator("#comparison").get_by_text("rank correlation").first.wait_for(timeout=120_000)
+    open_tab(page, "Tokens")
     page.locator("#grid-words-b").get_by_text("receptive field").first.wait_for(timeout=120_000)
     load_images(page, "#grid-a")
     load_images(page, "#grid-b")
@@ -484,7 +536,8 @@ def test_a_person_reads_the_token_panel_compares_dinov2_with_and_without_registe
     assert "no classifier" in page.locator("#label-a").inner_text()
     page.screenshot(path=str(SCREENSHOTS / f"5-registers-{width}.png"), full_page=True)
 
-    open_tab(page, "Heads at a glance")
+    open_tab(page, "Attention")
+    page.get_by_role("tab", name="Heads at a glance").click()
     thumbnails = page.locator("#heads-a button.thumbnail-lg")
     thumbnails.first.wait_for(timeout=60_000)
     assert thumbnails.count() == 1 + 6   # the heads' mean, then each of the 6 heads
@@ -493,10 +546,12 @@ def test_a_person_reads_the_token_panel_compares_dinov2_with_and_without_registe
     enlarged.wait_for(timeout=30_000)
     assert page.locator("#heads-a .caption").first.inner_text().startswith("head 3")
     assert "dinov2-s14, layer 2: where the class token looks" in page.locator("#heads-note").inner_text()
-    # enlarged, a head is as wide as the patch grid in the token panel; what the grid shows is page text
-    grid = page.locator("#grid-a img").first
-    assert enlarged.bounding_box()["width"] >= 0.95 * grid.bounding_box()["width"]
-    assert "patch grid" in page.locator("#grid-words-a").inner_text()
+    # enlarged, a head is (nearly) as wide as its column
+    assert enlarged.bounding_box()["width"] >= 0.85 * page.locator("#heads-a").bounding_box()["width"]
     load_images(page, "#heads-b")
     page.screenshot(path=str(SCREENSHOTS / f"6-heads-{width}.png"), full_page=True)
+    # every top-level tab opens at this width (at 390 px most from the "More tabs" menu), its panel in view
+    for name, part in TOP_TABS.items():
+        open_tab(page, name)
+        page.locator(part).first.wait_for(state="visible", timeout=30_000)
     assert server.process.poll() is None

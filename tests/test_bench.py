@@ -41,6 +41,20 @@ EXPECTED = {   # line start -> the rest of it; one line each
     "batch explain 8 photos 320x240, stand-ins": r": --formats npy [\d.]+ images/s \(target >= 10\) (OK|MISSED); "
                                                  r"with the default --faithfulness-steps 8 [\d.]+ images/s; png \+ npy "
                                                  r"[\d.]+ images/s \(npy alone [\d.]+x faster\)$",
+    "compare 32 images, stand-ins for the bundled pair (micro, random weights: checkpoints/ not trained yet), "
+    "tokens=mean": rf": vitviz {TIMES}, its traced forwards {TIMES}, {RATIO}$",
+    "compare 32 images, stand-ins for the bundled pair (micro, random weights: checkpoints/ not trained yet), "
+    "tokens=flat": rf": vitviz {TIMES}, pytorch-cka compute_cka {TIMES}, {RATIO}$",
+    **{f"clip image features b{b} ViT-B-16-quickgelu": rf": vitviz {TIMES}, open_clip encode_image {TIMES}, {RATIO}$"
+       for b in (1, 8)},
+    **{f"decide attribution b1 {name}": rf": trace \+ direct logit attribution \+ token effects {TIMES}, traced forward "
+                                       rf"{TIMES}, {RATIO}$" for name in ("vit_base_patch16_224", "CvT-13")},
+    "decide patching resid ViT-Ti/16 112 px": rf", \d+ patched images in \d+ forwards of <= 64: vitviz {TIMES}, floor "
+                                              rf"{TIMES}, {RATIO}; timm forward hooks one position per forward {TIMES}, "
+                                              rf"{RATIO}$",
+    "clip text features 8 prompts ViT-B-16-quickgelu": rf": vitviz {TIMES}, open_clip encode_text {TIMES}, {RATIO}$",
+    "clip legrad 1 image x 3 prompts ViT-B-16-quickgelu": rf": vitviz {TIMES}, legrad_torch's algorithm {TIMES}, "
+                                                          rf"{RATIO}$",
 }
 
 

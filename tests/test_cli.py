@@ -103,12 +103,12 @@ def test_bad_out_and_missing_paths_are_clear_errors(images, tmp_path, capsys):
 
 
 def test_app_zip_and_cli_folder_hold_the_same_files_for_the_same_image(tmp_path):
-    import app
+    from vitviz.ui import download, page
     photo = ROOT / "assets" / "horse.jpg"
     assert cli.main(["explain", str(photo), "--models", *MODELS, "--methods", "rollout", "chefer",
                      "--out", str(tmp_path / "cli"), "--faithfulness-steps", "0"]) == 0
-    key = app.explain({"path": str(photo)}, *MODELS)[0]
-    with zipfile.ZipFile(app.download(key, ["rollout", "chefer"])) as archive:
+    key = page.explain({"path": str(photo)}, *MODELS, progress=lambda *a, **k: None).key
+    with zipfile.ZipFile(download.download(key, ["rollout", "chefer"])) as archive:
         zipped = {Path(n).relative_to("image").as_posix() for n in archive.namelist() if n != MANIFEST}
         zip_manifest = json.loads(archive.read(MANIFEST))
     cli_files = {p.relative_to(tmp_path / "cli" / "horse").as_posix()

@@ -236,18 +236,23 @@ def test_a_headless_models_targeted_maps_explain_the_pooled_outputs_similarity_t
         assert_max_abs(itself(run.pixels)[:, 0], run.trace.pooled.norm(dim=-1), 1e-5, "score = |pooled|")
 
 
-def test_the_explain_a_class_tab_explains_a_headless_model_at_the_clicked_token(headless_run):
+def test_the_explain_a_class_tab_explains_a_headless_model_at_the_clicked_token(headless_run, monkeypatch):
     """The tab's click on the input image (the page's point, in the upload's pixels) picks the token whose
-    output the pooled output is compared with; without a click, the pooled output's own direction."""
-    import app
+    output the pooled output is compared with; without a click, the pooled output's own direction. The map
+    comes from the app's GPU function, which loads the model by name in its own process."""
+    from vitviz.ui import classes, gpu, shared
+    from vitviz.ui.store import Session
     run = headless_run
-    key = app.RUNS.put([run, run])
+    folder = run.loaded.source.location   # the folder's absolute path
+    monkeypatch.setattr(gpu, "LOCAL_ALLOWED", {folder})   # the owner named this folder
+    kept = ModelRun(run.loaded.card(), run.image, pixels=run.pixels, trace=run.trace)   # as the app keeps it
+    key = shared.SESSIONS.put(Session(run.image, [kept, kept], [], [folder, folder]))
     shown_w, shown_h = run.image.size
     clicked = (shown_w * 0.7, shown_h * 0.2)
-    at_point = app.render_gradients(key, "chefer", None, None, clicked)
-    expected = run.map_view("chefer", point=app.run_point(run, clicked))
+    at_point = classes.render_gradients(key, "chefer", None, None, clicked)
+    expected = run.map_view("chefer", point=shared.run_point(run, clicked))
     assert all(np.array_equal(panel, expected) for panel in at_point)
-    unclicked = app.render_gradients(key, "chefer", None, None, None)
+    unclicked = classes.render_gradients(key, "chefer", None, None, None)
     assert np.array_equal(unclicked[0], run.map_view("chefer")) and not np.array_equal(unclicked[0], expected)
 
 

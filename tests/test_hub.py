@@ -16,6 +16,7 @@ import threading
 import time
 import weakref
 
+import open_clip
 import pytest
 import torch
 from huggingface_hub import constants as hf_constants
@@ -471,7 +472,10 @@ def test_catalog_hub_entries_parse_and_timm_ones_are_the_repos_timms_registry_na
             assert entry.path == catalog.CHECKPOINTS / entry.source
             continue
         assert vhub.parse_source(entry.name).repo_id == entry.source
-        if entry.family == "vit":
+        if entry.takes_prompts:   # CLIP: a repo open_clip's pretrained registry downloads from
+            assert f"{entry.source}/" in {open_clip.get_pretrained_cfg(*pair).get("hf_hub")
+                                          for pair in open_clip.list_pretrained()}
+        elif entry.family == "vit":
             assert get_pretrained_cfg(entry.source.removeprefix("timm/")).hf_hub_id == entry.source
         else:
             assert entry.source.startswith("microsoft/cvt-")

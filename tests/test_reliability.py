@@ -201,8 +201,8 @@ def image_size(path: str) -> tuple[int, int]:
 
 
 def answer_sizes(answer) -> list[tuple[int, int]]:
-    """Sizes of an /explain answer's two rollout maps and all token-grid views."""
-    return [image_size(answer[2]), image_size(answer[3])] + [image_size(g["image"]) for g in answer[4] + answer[5]]
+    """Sizes of an /explain answer's two rollout maps."""
+    return [image_size(answer[2]), image_size(answer[3])]
 
 
 def tiny_image(folder: Path, seed: int) -> Path:
@@ -310,7 +310,7 @@ def test_a_rerender_is_answered_while_a_queue_of_model_runs_still_waits(server, 
     while stats(watcher)["model_running"] == 0:   # the model queue has started
         assert time.monotonic() < deadline
     start = time.monotonic()
-    layers = call(watcher, 1, 1, 2, 0, "row", api_name="/render_layers_on_layer_a")
+    layers = call(watcher, 1, 1, 2, 0, "row", api_name="/render_layers")
     rerender_s = time.monotonic() - start
     unfinished = sum(not job.done() for job in queued)
     for job in queued:
@@ -469,9 +469,9 @@ def test_a_hub_failure_is_told_the_bundled_models_keep_working_and_a_retry_later
 
 SOAK_REQUESTS = 300
 RERENDERS = [          # after each explain, of its results: (endpoint, its arguments for the k-th explain)
-    ("/render_maps_on_cmap", lambda k: ("turbo" if k % 2 else "viridis", "nearest", "heatmap", k % 3 == 0)),
-    ("/render_layers_on_layer_a", lambda k: (1, k % 2, 1, 0, "row")),
-    ("/render_layers_on_head_b", lambda k: (1, 0, 1, k % 2, "row")),
+    ("/render_maps", lambda k: ("turbo" if k % 2 else "viridis", "nearest", "heatmap", k % 3 == 0)),
+    ("/render_layers", lambda k: (1, k % 2, 1, 0, "row")),
+    ("/render_layers", lambda k: (1, 0, 1, k % 2, "row")),
     ("/render_norms", lambda k: (1, 1)),   # every 10th explain: the zip download instead
 ]
 CYCLE = 1 + len(RERENDERS)

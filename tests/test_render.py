@@ -264,7 +264,7 @@ def test_position_similarity_tiles_match_the_cosine_formula(no_embed_class):
     for (i, j), (k, l) in [((0, 0), (0, 0)), ((1, 2), (3, 5)), ((3, 0), (0, 4))]:
         a, b = patches[i * 6 + j], patches[k * 6 + l]
         assert similarity[i, j, k, l] == pytest.approx(a @ b / np.sqrt((a @ a) * (b @ b)), abs=1e-6)
-    tiles = render.position_tiles(vit, side=240)
+    tiles = render.position_tiles(render.position_embedding(vit), side=240)
     factor = 240 // 6 // 6
     gap = factor // 2 + 1
     viridis = colormaps["viridis"].resampled(256)
@@ -277,7 +277,7 @@ def test_position_similarity_tiles_match_the_cosine_formula(no_embed_class):
 def test_cvt_has_no_position_embedding_and_its_panel_is_an_image():
     cvt = tiny_cvt()
     assert render.position_embedding(cvt) is None
-    panel = render.position_tiles(cvt)
+    panel = render.position_tiles(render.position_embedding(cvt))
     assert panel.dtype == np.uint8 and panel.ndim == 3 and panel.shape[2] == 3 and panel.std() > 0
 
 

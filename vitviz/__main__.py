@@ -2,6 +2,7 @@
 
     python -m vitviz explain PATH... --models vit-base cvt-13 --methods rollout grad-rollout chefer --out DIR
     python -m vitviz evaluate --models vit-cifar10 cvt-cifar10 --data DIR|FILE.npz|cifar10-test --limit N --out DIR
+    python -m vitviz compare --models vit-cifar10 cvt-cifar10 --data DIR|FILE.npz|cifar10-test --limit N --out DIR
     python -m vitviz anatomy MODEL --images DIR --out DIR
     python -m vitviz models
     python -m vitviz train --arch vit-cifar --out checkpoints/vit-cifar10
@@ -20,10 +21,11 @@ from pathlib import Path
 from tqdm import tqdm
 
 from . import catalog, explain, hub, render
-from .export import FORMATS, image_files, manifest, png_bytes, safe_name, write_atomic, write_manifest, MANIFEST
+from .export import FORMATS, MANIFEST, export_image, manifest, png_bytes, safe_name, write_atomic, write_manifest
 from .data import IMAGE_SUFFIXES, DataError
 from .distributed import ranks as process_ranks
 from .image import ImageError, read_image
+from .compare import TOKENS
 from .explain import METHODS
 from .session import decode_side, explain_images, faithfulness_curves
 
@@ -76,7 +78,8 @@ def image_ids(paths: list[Path]) -> list[str]:
     return ids
 
 
-def complete(out: Path, entry: dict | None, models: list[str], methods: list[str], formats: list[str]) -> bool:
+def complete(out: Path, entry: dict | None, models: list[str], methods: list[str], formats: list[str],
+             decide: bool = False) -> bool:
     """Whether a previous run's manifest entry already holds every requested output, on disk."""
     if not entry:
         return False
@@ -86,6 +89,8 @@ def complete(out: Path, entry: dict | None, models: list[str], methods: list[str
         if model is None or set(methods) - set(model.get("maps", {})):
             return False
         if {f"{m}.{ext}" for m in methods for ext in formats} - set(model.get("files", [])):
+            return False
+        if decide and "decide" not in model:
             return False
         folder = out / entry["id"] / safe_name(name)
         if not all((folder / f).is_file() for f in model.get("files", [])):
@@ -99,19 +104,6 @@ def previous_entries(out: Path) -> dict[str, dict]:
     for path in sorted(out.glob("manifest*.json")):
         entries.update({e["path"]: e for e in json.loads(path.read_text()).get("images", [])})
     return entries
-
-
-def export_image(out: Path, image_id: str, path: Path, image, runs: list, methods: list[str], *, formats: list[str],
-                 faithfulness_steps: int, params: dict) -> dict:
-    """One image's files for every model, written to OUT/<image>/<model>/; its manifest entry."""
-    entry = {"id": image_id, "path": str(path), "size": [image.height, image.width], "models": []}
-    for run in runs:
-        files, model_entry = image_files(run, methods, formats=formats, faithfulness_steps=faithfulness_steps, **params)
-        folder = out / image_id / safe_name(run.name)
-        for name, data in files.items():
-            write_atomic(folder / name, data)
-        entry["models"].append(model_entry)
-    return entry
 
 
 def cmd_explain(args) -> int:
@@ -130,7 +122,8 @@ def cmd_explain(args) -> int:
         chunks = ranks.mine([items[i:i + args.batch_size] for i in range(0, len(items), args.batch_size)])
         entries, skipped, todo = [], [], []
         for chunk in chunks:
-            finished = [(p, i) for p, i in chunk if complete(out, done.get(str(p)), names, methods, formats)]
+            finished = [(p, i) for p, i in chunk if complete(out, done.get(str(p)), names, methods, formats,
+                                                                args.decide)]
             entries += [done[str(p)] for p, _ in finished]
             todo.append([item for item in chunk if item not in finished])
         if args.resume:
@@ -166,7 +159,7 @@ def cmd_explain(args) -> int:
                         faithfulness_curves(classified, method, steps=args.faithfulness_steps)
                 exports = [pool.submit(export_image, out, image_id, path, image, [runs[k] for runs in runs_per_model],
                                        methods, formats=formats, faithfulness_steps=args.faithfulness_steps,
-                                       params=params)
+                                       params=params, decide=args.decide)
                            for k, (path, image_id, image) in enumerate(batch)]
                 for export in exports:
                     entries.append(export.result())
@@ -201,7 +194,25 @@ def cmd_evaluate(args) -> int:
     except ValueError as e:
         raise UsageError(f"--{e}") from None
     evaluate(models=args.models, methods=args.methods, data=args.data, out=args.out, limit=args.limit,
-             resume=args.resume, settings=settings, device=args.device)
+             resume=args.resume, settings=settings, device=args.device, prompts=args.prompts)
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from .compare import MIN_BATCH, compare
+
+    prepare_out(Path(args.out))
+    if args.limit is not None and args.limit < 1:
+        raise UsageError(f"--limit must be at least 1, not {args.limit}")
+    if args.batch_size < MIN_BATCH:
+        raise UsageError(f"--batch-size must be at least {MIN_BATCH} (the debiased HSIC needs 4 images a batch)")
+    try:
+        compare(models=args.models, data=args.data, out=args.out, limit=args.limit, tokens=args.tokens,
+                batch_size=args.batch_size, device=args.device)
+    except DataError:
+        raise
+    except ValueError as e:   # too few images, no class token for --tokens cls, more ranks than batches
+        raise UsageError(str(e)) from None
     return 0
 
 
@@ -229,7 +240,7 @@ def cmd_anatomy(args) -> int:
                               "per_layer_per_head": mean}, indent=2) + "\n").encode())
     write_atomic(out / f"{name}-attention-distance.png", png_bytes(render.attention_distance_plot({loaded.name: mean})))
     write_atomic(out / f"{name}-filters.png", png_bytes(render.filter_tiles(render.embedding_filters(loaded.model))))
-    write_atomic(out / f"{name}-position-similarity.png", png_bytes(render.position_tiles(loaded.model)))
+    write_atomic(out / f"{name}-position-similarity.png", png_bytes(render.position_tiles(render.position_embedding(loaded.model))))
     print(f"anatomy of {loaded.name} over {len(images)} image(s) written to {out}")
     return 0
 
@@ -267,6 +278,9 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--head-fusion", default="mean", choices=explain.HEAD_FUSIONS)
     e.add_argument("--discard-ratio", type=float, default=0.0)
     e.add_argument("--faithfulness-steps", type=int, default=8, help="deletion/insertion steps (0: skip)")
+    e.add_argument("--decide", action="store_true",
+                   help="also write decide.json (the top class's logit split over embedding, heads, attention biases "
+                        "and MLPs: direct logit attribution) and each head's token-effect maps as .npy")
     e.set_defaults(run=cmd_explain)
     v = sub.add_parser("evaluate", help="how faithful each method's maps are, over a data set (torchrun shards it)")
     v.add_argument("--models", nargs="+", default=list(catalog.BUNDLED_PAIR), help="catalog names, Hub ids or folders")
@@ -280,9 +294,24 @@ def parser() -> argparse.ArgumentParser:
     v.add_argument("--forward-batch", type=int, default=None,
                    help="perturbed images per forward (default: 8 on the CPU, 256 on CUDA)")
     v.add_argument("--steps", type=int, default=16, help="deletion/insertion steps")
+    v.add_argument("--prompts", default=None, metavar="TEMPLATE",
+                   help='CLIP models: the prompt template filled with the data\'s class names, e.g. "a photo of a {}"')
     v.add_argument("--regions", type=int, default=100, help="region perturbation: at most this many token cells")
     v.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     v.set_defaults(run=cmd_evaluate)
+    c = sub.add_parser("compare", help="CKA between every layer of two models over a data set (torchrun shards it)")
+    c.add_argument("--models", nargs=2, default=list(catalog.BUNDLED_PAIR), metavar=("A", "B"),
+                   help="two catalog names, Hub ids or folders")
+    c.add_argument("--data", required=True, help="a folder (class sub-folders give labels), an .npz in the layout "
+                                                 "of cifar10_jpeg.npz, or cifar10-test (torchvision's)")
+    c.add_argument("--limit", type=int, default=None, help="at most this many images, spread evenly over the data")
+    c.add_argument("--out", required=True, help="output folder: cka.npz, three heatmaps, summary.json")
+    c.add_argument("--tokens", default="mean", choices=TOKENS,
+                   help="each block's features: the grid tokens' mean, the class token (CvT: last stage only), "
+                        "or every token flattened")
+    c.add_argument("--batch-size", type=int, default=64, help="images per batch (at least 4; the unit of sharding)")
+    c.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    c.set_defaults(run=cmd_compare)
     a = sub.add_parser("anatomy", help="ViT paper figure 7 views of a model, averaged over images")
     a.add_argument("model")
     a.add_argument("--images", nargs="+", required=True, help="image files, folders or globs")

@@ -4,6 +4,9 @@ Hub entries are the repos timm and Microsoft publish (timm's own `pretrained_cfg
 these repos); they are not pinned to a commit, so `vitviz.load` records the commit it got. The two
 bundled models are vitviz's own CIFAR-10 checkpoints in the repository's `checkpoints/` folder and
 need no network. DINO and DINOv2 are self-supervised: they have no classifier, so no predictions.
+CLIP models (`takes_prompts`) classify over the prompts a person gives them (`LoadedModel.with_prompts`):
+OpenAI's ViT-B/16 from timm's repo of it (open_clip's files beside timm's) and LAION's ViT-B/32
+from its own repo (open_clip's files beside transformers').
 
 `size` is the input size a catalog name runs at when the caller names none. DINOv2 runs at 224 px,
 not its 518 px: at 518 a ViT-S/14 sees 1,370 tokens, and every attention map a trace keeps is 28x
@@ -25,6 +28,7 @@ class CatalogEntry:
     summary: str         # one line for menus and `python -m vitviz models`
     bundled: bool = False
     size: int | None = None   # input size (px) it runs at by default; None: the checkpoint's own
+    takes_prompts: bool = False   # CLIP: a classifier over text prompts once it has them
 
     @property
     def path(self) -> Path | None:
@@ -63,6 +67,12 @@ CATALOG: dict[str, CatalogEntry] = {e.name: e for e in [
     CatalogEntry("dinov2-b14-reg4", "timm/vit_base_patch14_reg4_dinov2.lvd142m", "vit",
                  "DINOv2 ViT-B/14 with 4 registers, no classifier, run at 224 px (trained to 518), 87 M parameters",
                  size=224),
+    CatalogEntry("clip-b16", "timm/vit_base_patch16_clip_224.openai", "vit",
+                 "CLIP ViT-B/16 (OpenAI, 400 M image-text pairs), zero-shot over the prompts you type, 224 px, "
+                 "150 M parameters (86 M in the image tower)", takes_prompts=True),
+    CatalogEntry("clip-b32-laion", "laion/CLIP-ViT-B-32-laion2B-s34B-b79K", "vit",
+                 "CLIP ViT-B/32 (LAION-2B), zero-shot over the prompts you type, 224 px, 151 M parameters "
+                 "(88 M in the image tower)", takes_prompts=True),
     CatalogEntry("cvt-13", "microsoft/cvt-13", "cvt", "CvT-13, 224 px, ImageNet-1k, 20 M parameters"),
     CatalogEntry("cvt-21", "microsoft/cvt-21", "cvt", "CvT-21, 224 px, ImageNet-1k, 32 M parameters"),
     CatalogEntry("cvt-13-384", "microsoft/cvt-13-384", "cvt", "CvT-13, 384 px, ImageNet-1k, 20 M parameters"),
@@ -83,6 +93,7 @@ PAIRS = {
     "DINOv2 vs DINOv2 with registers": ("dinov2-s14", "dinov2-s14-reg4"),
     "DINO (self-supervised) vs CvT-13": ("dino-s16", "cvt-13"),
     "ViT-B vs CvT-13 (ImageNet classifiers)": IMAGENET_PAIR,
+    "CLIP vs supervised ViT-B/16": ("clip-b16", "vit-base"),
 }
 
 

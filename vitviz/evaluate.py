@@ -26,6 +26,11 @@ their min-max scaling of the maps is left out (it changes no ranking); and pixel
 go in reading order, where `torch.topk` leaves their order to the implementation. AOPC (Samek et al., eq. 12)
 is the mean drop of the target probability over the steps, 0 included: p_0 - mean_k p_k.
 
+CLIP models (`LoadedModel.takes_prompts`) are classifiers once they have prompts: `prompts`, a template
+such as "a photo of a {}", is filled with the data set's class names (CIFAR-10's for the shared data),
+so the model's classes are the data's and the tests score against the true labels; each method runs
+with its authors' CLIP settings (`Method.params_for`: LeGrad's last two blocks, Chefer's last block).
+
 Per (model, method, test) the summary holds the mean over images with a 95 % percentile-bootstrap
 interval, and the paired difference to the random map (method minus random on the same images) with
 its interval: a method whose difference interval holds 0 is "not distinguishable from random" on that
@@ -66,7 +71,7 @@ import torch
 from tqdm import tqdm
 
 from . import __version__, catalog, hub, render
-from .data import Dataset, open_data, spread
+from .data import DataError, Dataset, open_data, spread
 from .distributed import ranks as process_ranks
 from .explain import METHODS, faithfulness, method as find_method
 from .export import png_bytes, safe_name, write_atomic
@@ -139,13 +144,14 @@ class Work:
 # ---- one batch of images, one model -------------------------------------------------------------------
 
 def method_maps(model: torch.nn.Module, pixels: torch.Tensor, target: torch.Tensor,
-                methods: Sequence[str]) -> dict[str, torch.Tensor]:
-    """Each method's b gh gw maps of `target`; the methods of the trace alone share one traced forward."""
+                methods: Sequence[str], *, clip: bool = False) -> dict[str, torch.Tensor]:
+    """Each method's b gh gw maps of `target` (`clip`: with its authors' CLIP settings); the methods of the
+    trace alone share one traced forward."""
     maps, trace = {}, None
     for name in methods:
         m = find_method(name)
         if m.targeted:
-            maps[name] = m.maps(model, pixels, target)
+            maps[name] = m.maps(model, pixels, target, **m.params_for(clip))
         else:
             if trace is None:
                 with torch.inference_mode():
@@ -176,7 +182,7 @@ def evaluate_batch(loaded, pixels: torch.Tensor, *, indices: Sequence[int], labe
     probs = logits.softmax(dim=-1)
     prediction = logits.argmax(dim=-1)
     reference = prediction if labels is None else labels.to(prediction.device)
-    maps = method_maps(model, pixels, prediction, methods)
+    maps = method_maps(model, pixels, prediction, methods, clip=loaded.takes_prompts)
     first = next(iter(maps.values()))
     maps[RANDOM] = torch.stack([faithfulness.random_saliency(first[i], seed=index) for i, index in enumerate(indices)])
     names, stacked = list(maps), torch.stack(list(maps.values()))                        # k b gh gw
@@ -215,10 +221,11 @@ def class_positions(classes: Sequence[str] | None, labels: Sequence[str]) -> lis
 
 
 def run_key(*, models: Sequence[str], methods: Sequence[str], data: Dataset, limit: int | None,
-            settings: Settings) -> str:
+            settings: Settings, prompts: str | None = None) -> str:
     """What makes two runs' records interchangeable (resume uses only lines with this key)."""
     what = {"models": list(models), "methods": list(methods), "data": data.name, "images": len(data), "limit": limit,
-            "settings": {k: v for k, v in asdict(settings).items() if k not in ("resamples", "seed")}}
+            "settings": {k: v for k, v in asdict(settings).items() if k not in ("resamples", "seed")},
+            **({"prompts": prompts} if prompts is not None else {})}
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -267,9 +274,10 @@ def evaluate_chunk(chunk: Sequence[int], *, data: Dataset, models: Sequence, met
 
 def evaluate(*, models: Sequence[str], data: str | Path | Dataset, out: str | Path, methods: Sequence[str] | None = None,
              limit: int | None = None, resume: bool = False, settings: Settings = Settings(),
-             device: str | None = None, progress: bool = True) -> dict | None:
+             device: str | None = None, progress: bool = True, prompts: str | None = None) -> dict | None:
     """Evaluate every method on every model over the data (see the module docstring). Under torchrun
-    each rank takes its chunks; rank 0 returns the summary (the other ranks None)."""
+    each rank takes its chunks; rank 0 returns the summary (the other ranks None). `prompts`: the template
+    a CLIP model's prompts are made with from the data's class names, e.g. "a photo of a {}"."""
     methods = list(dict.fromkeys(methods or METHODS))
     for name in methods:
         find_method(name)
@@ -280,9 +288,9 @@ def evaluate(*, models: Sequence[str], data: str | Path | Dataset, out: str | Pa
     with process_ranks(device) as ranks:
         settings = settings.on(ranks.device)
         dataset = data if isinstance(data, Dataset) else open_data(data)
-        loaded = [hub.load(name, device=ranks.device) for name in models]
+        loaded = [zero_shot(hub.load(name, device=ranks.device), dataset, prompts) for name in models]
         names = [m.name for m in loaded]
-        key = run_key(models=names, methods=methods, data=dataset, limit=limit, settings=settings)
+        key = run_key(models=names, methods=methods, data=dataset, limit=limit, settings=settings, prompts=prompts)
         indices = spread(len(dataset), limit)
         chunks = [indices[i:i + settings.batch_size] for i in range(0, len(indices), settings.batch_size)]
         done = read_records(out, key) if resume else {}
@@ -325,6 +333,22 @@ def evaluate(*, models: Sequence[str], data: str | Path | Dataset, out: str | Pa
         print_work([Work(**r["work"]) for r in reports], models=len(loaded))
         print(markdown(summary))
         return summary
+
+
+def zero_shot(loaded, data: Dataset, template: str | None):
+    """A CLIP model as a classifier over the data's class names put in `template` (its labels the class
+    names); any other model as it is."""
+    if not loaded.takes_prompts:
+        return loaded
+    if template is None:
+        raise hub.LoadError(f"{loaded.name!r} is a CLIP model: it classifies only over prompts, so give a template "
+                            f"for the data's class names, e.g. --prompts \"a photo of a {{}}\".")
+    if not data.classes:
+        raise DataError(f"{data.name} has no class names to make {loaded.name!r}'s prompts from (a folder needs "
+                        f"class sub-folders).")
+    if template.count("{}") != 1:
+        raise DataError(f"a prompt template has one {{}} for the class name, not {template!r}")
+    return loaded.with_prompts([template.format(c) for c in data.classes], labels=data.classes)
 
 
 def print_work(works: Sequence[Work], *, models: int) -> None:

@@ -6,6 +6,7 @@ folder and the app's download zip alike (same files, same names).
     <out>/<image>/<model>/<method>.npy and <method>.png      (each of explain.METHODS asked for)
     <out>/<image>/<model>/grid-<k>.png                        (patch grid, or CvT stage k's tokens)
     <out>/<image>/<model>/stage-<k>-pca.png, stage-<k>-norm.png
+    <out>/<image>/<model>/decide.json, decide-token-effects.npy   (with decide=True: direct logit attribution)
 
 `formats` picks what is written per map: the .npy arrays, the drawn PNGs (with the grids and stage
 views), or both.
@@ -24,15 +25,18 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 import numpy as np
+import torch
 from PIL import Image
 
 from . import __version__
-from .explain import METHODS, method as find_method
+from .explain import METHODS, direct_logit_attribution, method as find_method, token_effect_maps
 from .session import ModelRun
 
 MANIFEST = "manifest.json"
 FORMATS = ("png", "npy")   # what is written per map: the drawn overlay (and every other view), the array
 PREDICTIONS = "predictions.json"
+DECIDE = "decide.json"                           # direct logit attribution of the top class, layer by layer and head
+TOKEN_EFFECTS = "decide-token-effects.npy"       # L H gh gw: each head's token effects on its query grid
 
 
 def safe_name(name: str) -> str:
@@ -61,9 +65,10 @@ def npy_bytes(array: np.ndarray) -> bytes:
 
 
 def image_files(run: ModelRun, methods: Sequence[str], *, formats: Sequence[str] = FORMATS, faithfulness_steps: int = 0,
-                **params) -> tuple[dict[str, bytes], dict]:
+                decide: bool = False, **params) -> tuple[dict[str, bytes], dict]:
     """Every file for one image + model, as bytes, and that model's entry for the manifest; without 'png'
-    in `formats` nothing is drawn (no overlays, grids or stage views), without 'npy' no arrays."""
+    in `formats` nothing is drawn (no overlays, grids or stage views), without 'npy' no arrays; `decide`:
+    the direct logit attribution of the top class too (a model without a classifier has none)."""
     for method in methods:
         find_method(method)   # a ValueError naming the methods there are
     if set(formats) - set(FORMATS) or not formats:
@@ -89,6 +94,8 @@ def image_files(run: ModelRun, methods: Sequence[str], *, formats: Sequence[str]
         if faithfulness_steps and run.has_classifier:
             curves = run.faithfulness(method, steps=faithfulness_steps)
             entry["faithfulness"][method] = {k: round(v["auc"], 6) for k, v in curves.items() if isinstance(v, dict)}
+    if decide:
+        entry["decide"] = decide_files(run, files, formats=formats)
     if "png" in formats:
         for k, view in enumerate(run.grid_views()):
             files[f"grid-{k + 1}.png"] = png_bytes(view)
@@ -97,6 +104,39 @@ def image_files(run: ModelRun, methods: Sequence[str], *, formats: Sequence[str]
             files[f"stage-{k + 1}-pca.png"], files[f"stage-{k + 1}-norm.png"] = png_bytes(views[2 * k]), png_bytes(views[2 * k + 1])
     entry["files"] = sorted(files)
     return files, entry
+
+
+def decide_files(run: ModelRun, files: dict[str, bytes], *, formats: Sequence[str]) -> dict:
+    """decide.json (and the token-effect maps as .npy) into `files`; the manifest's note of them."""
+    if not run.has_classifier:
+        return {"skipped": run.no_classifier}
+    model = run.loaded.model
+    with torch.no_grad():
+        trace = model.trace(run.pixels, decompose=True)
+    attribution = direct_logit_attribution(model, trace)
+    files[DECIDE] = (json.dumps(attribution.table(0, run.loaded.labels), indent=2) + "\n").encode()
+    note = {"file": DECIDE}
+    if "npy" in formats:
+        maps = token_effect_maps(attribution, trace)[0].cpu().numpy()
+        files[TOKEN_EFFECTS] = npy_bytes(maps)
+        note["token_effects"] = {"file": TOKEN_EFFECTS, "shape": list(maps.shape),
+                                 "layers": attribution.layers}
+    return note
+
+
+def export_image(out: Path, image_id: str, path: Path, image, runs: list, methods: list[str], *, formats: list[str],
+                 faithfulness_steps: int, params: dict, decide: bool = False) -> dict:
+    """One image's files for every model, written to OUT/<image>/<model>/; its manifest entry (the CLI's
+    output folder, and the folder the app zips)."""
+    entry = {"id": image_id, "path": str(path), "size": [image.height, image.width], "models": []}
+    for run in runs:
+        files, model_entry = image_files(run, methods, formats=formats, faithfulness_steps=faithfulness_steps,
+                                         decide=decide, **params)
+        folder = out / image_id / safe_name(run.name)
+        for name, data in files.items():
+            write_atomic(folder / name, data)
+        entry["models"].append(model_entry)
+    return entry
 
 
 def model_entry(loaded) -> dict:

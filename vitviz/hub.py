@@ -8,17 +8,21 @@ the Hub can't be reached (`HF_HUB_OFFLINE=1`, no network, DNS failure, timeout, 
 cache answers, so an offline machine hears so within that deadline rather than after
 huggingface_hub's own retries. Files of one load come from that one commit.
 
-Three layouts are read, none by running code from the checkpoint: timm's (`architecture` +
-`pretrained_cfg`), transformers' CvT (`model_type: "cvt"`) and vitviz's own bundles. Weights come
-from `model.safetensors`, else from `pytorch_model.bin` through `torch.load(weights_only=True)`,
-which refuses pickled code; keys must match exactly. A fresh download is checked against the
+These layouts are read, none by running code from the checkpoint: timm's (`architecture` +
+`pretrained_cfg`), transformers' CvT (`model_type: "cvt"`), CLIP in open_clip's layout
+(`open_clip_config.json`, read first wherever config.json names a CLIP model or is absent: only
+open_clip's files have the text tower) and in transformers' (`model_type: "clip"`), and vitviz's own
+bundles. Weights come from `model.safetensors` (open_clip: `open_clip_model.safetensors`), else from
+`pytorch_model.bin` (`open_clip_pytorch_model.bin`) through `torch.load(weights_only=True)`, which
+refuses pickled code; keys must match exactly. A fresh download is checked against the
 SHA-256 the Hub named it by, and a damaged file is removed from the cache so a retry fetches it
 again. Loaded models stay in a small in-process LRU cache bounded by count and bytes.
 
 Models without a classifier (timm's `num_classes=0`: DINO, DINOv2) load like any other, with no
-labels. `size` runs a model at another input size: the checkpoint's own resize and crop rule at
-that size, the weights shared with the model at its own size (a ViT resamples its position
-embeddings as timm's `dynamic_img_size` does).
+labels. A CLIP model loads as one too (its image tower), with `takes_prompts`: `with_prompts` makes it
+a zero-shot classifier over texts. `size` runs a model at another input size: the checkpoint's own
+resize and crop rule at that size, the weights shared with the model at its own size (a ViT
+resamples its position embeddings as timm's `dynamic_img_size` does).
 """
 from __future__ import annotations
 
@@ -34,6 +38,7 @@ import threading
 import weakref
 from abc import ABC, abstractmethod
 from collections import OrderedDict
+from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -51,11 +56,17 @@ from tqdm import tqdm
 from . import catalog
 from .bundle import FORMAT as BUNDLE_FORMAT, load_bundle
 from .models import FAMILIES, CvTConfig, ViTConfig, convert_transformers_state_dict, load_weights
+from .models.clip import CLIP, CLIPConfig, convert_open_clip_state_dict
+from .models.clip import convert_transformers_state_dict as convert_transformers_clip
 from .models.vit import LN_EPS as VIT_LN_EPS
-from .preprocess import IMAGENET_MEAN, IMAGENET_STD, Transform
+from .preprocess import IMAGENET_MEAN, IMAGENET_STD, Tokenizer, Transform
 
 CONFIG, SAFETENSORS, PICKLED, CVT_PROCESSOR = ("config.json", "model.safetensors", "pytorch_model.bin",
                                                "preprocessor_config.json")
+# open_clip's Hub layout (`push_to_hf_hub`); timm's CLIP repos ship it beside their own config.json
+OPEN_CLIP_CONFIG, OPEN_CLIP_SAFETENSORS, OPEN_CLIP_PICKLED = ("open_clip_config.json", "open_clip_model.safetensors",
+                                                              "open_clip_pytorch_model.bin")
+CLIP_VOCAB, CLIP_MERGES = "vocab.json", "merges.txt"   # transformers' CLIPTokenizer files
 HUB_TIMEOUT = 2.5   # seconds the Hub has to answer the first metadata request of a load
 SIZES = (32, 1024)  # input sizes (px, square) `load` accepts; a ViT-S/14's attention at 1024 px is ~8 GB
 # CvT's own evaluation preprocessing (the paper, Microsoft's code), for a CvT repo that has no
@@ -93,13 +104,16 @@ class Source:
 @dataclass(frozen=True, eq=False)
 class LoadedModel:
     name: str                    # as asked for: catalog name, repo id or folder name
-    model: nn.Module             # our ViT or CvT, eval mode: model(pixels) -> logits
+    model: nn.Module | None      # our ViT or CvT, eval mode: model(pixels) -> logits; None in a `card`
     family: str                  # 'vit' or 'cvt'
     labels: tuple[str, ...]      # class names in logit order
     transform: Transform         # the checkpoint's own preprocessing
     source: Source
     # the checkpoint's preprocessing at another input size; None: the crop keeps its share of the resized image
     transform_at: Callable[[int], Transform] | None = None
+    takes_prompts: bool = False  # a CLIP model: `with_prompts` makes it a classifier over texts
+    clip: CLIP | None = None     # a CLIP model's two towers (`model` is its image tower); None in a `card`
+    tokenizer: Tokenizer | None = None
 
     @property
     def device(self) -> torch.device:
@@ -126,7 +140,8 @@ class LoadedModel:
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in [*self.model.parameters(), *self.model.buffers()])
+        module = self.model if self.clip is None else self.clip
+        return sum(t.numel() * t.element_size() for t in [*module.parameters(), *module.buffers()])
 
     def preprocess(self, image: Image.Image) -> Tensor:
         """A PIL image -> 1 3 h w pixel batch on the model's device, as the checkpoint expects it."""
@@ -135,6 +150,56 @@ class LoadedModel:
     def source_info(self) -> dict:
         """`source` as plain data, for manifests."""
         return asdict(self.source)
+
+    def card(self) -> LoadedModel:
+        """The same without its weights (`model` None): names, labels, preprocessing and source, plain data
+        to send to another process (the app's, when the model runs in a GPU worker)."""
+        return replace(self, model=None, clip=None)
+
+    # ---- CLIP: prompts make a classifier -------------------------------------------------------------
+
+    def with_prompts(self, prompts: Sequence[str], *, labels: Sequence[str] | None = None) -> LoadedModel:
+        """This CLIP model as a zero-shot classifier over `prompts`: its logits are exp(logit_scale) cos(image
+        features, text features), open_clip's `logits_per_image`; the weights are shared. Its labels are the
+        prompts, or `labels` (one per prompt: the words a template was filled with, a data set's class names).
+        `preprocess.prompts_from_text` makes prompts from what a person types. A `card` gets the labels alone."""
+        prompts = self._checked_texts(prompts)
+        labels = tuple(prompts if labels is None else labels)
+        if len(labels) != len(prompts) or not all(isinstance(label, str) for label in labels):
+            raise LoadError(f"Give one label (text) per prompt: {len(labels)} for {len(prompts)} prompts.")
+        if self.model is None and self.takes_prompts:   # a card: what the prompted model is called, no weights
+            return replace(self, labels=labels)
+        with torch.inference_mode():
+            text = self.text_features(prompts)
+        return replace(self, model=self._clip().zero_shot(text.clone()), labels=labels)
+
+    def tokenize(self, texts: Sequence[str]) -> Tensor:
+        """Texts -> b context_length token ids on the model's device (open_clip's tokenizer)."""
+        texts = self._checked_texts(texts)
+        self._clip()   # a card has no weights to read the ids
+        return self.tokenizer(texts).to(self.device)
+
+    def text_features(self, texts: Sequence[str]) -> Tensor:
+        """Texts -> b embed_dim, unnormalised (open_clip's `encode_text`)."""
+        return self._clip().text_features(self.tokenize(texts))
+
+    def image_features(self, pixels: Tensor) -> Tensor:
+        """b 3 h w pixels (`preprocess`) -> b embed_dim, unnormalised (open_clip's `encode_image`)."""
+        return self._clip().image_features(pixels)
+
+    def _checked_texts(self, texts) -> list[str]:
+        """`texts` as a list, if this model takes prompts and they are a non-empty list of non-empty texts."""
+        if not self.takes_prompts:
+            raise LoadError(f"{self.name!r} is not a CLIP model, so it takes no text prompts.")
+        if isinstance(texts, str) or not texts or not all(isinstance(t, str) and t.strip() for t in texts):
+            raise LoadError(f"Prompts are a non-empty list of non-empty texts, not {str(texts)[:80]!r}.")
+        return list(texts)
+
+    def _clip(self) -> CLIP:
+        if self.clip is None:
+            raise LoadError(f"{self.name!r} is a card without weights: load it to use prompts." if self.takes_prompts
+                            else f"{self.name!r} is not a CLIP model, so it takes no text prompts.")
+        return self.clip
 
 
 # ---- what a source names, decided before any request ------------------------------------------------
@@ -151,7 +216,8 @@ class Request:
         if self.folder is None:
             return ("hub", self.repo_id, self.revision)
         # a folder trained again in place is a different model
-        files = [self.folder / f for f in (CONFIG, SAFETENSORS, PICKLED, CVT_PROCESSOR)]
+        files = [self.folder / f for f in (CONFIG, SAFETENSORS, PICKLED, CVT_PROCESSOR, OPEN_CLIP_CONFIG,
+                                           OPEN_CLIP_SAFETENSORS, OPEN_CLIP_PICKLED)]
         return ("folder", str(self.folder), *(p.stat().st_mtime_ns if p.is_file() else None for p in files))
 
 
@@ -173,8 +239,8 @@ def parse_source(source: str, *, allow_local: bool = True) -> Request:
         return Request(name=text, repo_id=entry.source, size=entry.size)
     if allow_local and (text.startswith(("/", ".", "~")) or Path(text).expanduser().is_dir()):
         folder = Path(text).expanduser().resolve()
-        if not (folder / CONFIG).is_file():
-            raise LoadError(f"{folder} is not a model folder: it has no {CONFIG}.")
+        if not any((folder / f).is_file() for f in (CONFIG, OPEN_CLIP_CONFIG)):
+            raise LoadError(f"{folder} is not a model folder: it has no {CONFIG} (nor open_clip's {OPEN_CLIP_CONFIG}).")
         return Request(name=folder.name, folder=folder)
     repo_id, at, revision = text.partition("@")
     problem = _repo_id_problem(repo_id, allow_local) or (_revision_problem(revision) if at else None)
@@ -320,7 +386,15 @@ def load(source: str, *, device: str | torch.device | None = None, progress: Pro
 
 def _load(request: Request, device: torch.device, progress: ProgressFn | None) -> LoadedModel:
     files = FolderFiles(request) if request.folder else HubFiles(request, progress)
-    config = files.json(CONFIG)
+    config = files.json(CONFIG, optional=request.folder is not None)   # a folder may hold open_clip's files alone
+    # open_clip's files first: only they have the text tower (timm's CLIP repos ship both layouts); asked for
+    # only where config.json says CLIP, so other loads make no extra request
+    if config is None or config.get("model_type") == "clip" or "clip" in str(config.get("architecture", "")):
+        open_clip = files.json(OPEN_CLIP_CONFIG, optional=config is not None)
+        if open_clip is not None:
+            return _from_open_clip(files, open_clip, device)
+    if config.get("model_type") == "clip":
+        return _from_transformers_clip(files, config, device)
     if config.get("format") == BUNDLE_FORMAT:
         return _from_bundle(files, config, device)
     if "architecture" in config:
@@ -333,7 +407,8 @@ def _load(request: Request, device: torch.device, progress: ProgressFn | None) -
 
 def _unsupported(name: str, what: str) -> LoadError:
     return LoadError(f"{name!r} is {what}; vitviz runs ViT and DeiT checkpoints from timm, CvT checkpoints "
-                     f"from transformers and its own bundled models.")
+                     f"from transformers, CLIP ViTs from open_clip ({OPEN_CLIP_CONFIG}) or transformers (CLIPModel) "
+                     f"and its own bundled models.")
 
 
 def _from_bundle(files: Files, config: dict, device: torch.device) -> LoadedModel:
@@ -346,6 +421,64 @@ def _from_bundle(files: Files, config: dict, device: torch.device) -> LoadedMode
         raise LoadError(f"{files.name!r}: its vitviz {CONFIG} and weights do not fit together ({e}).") from None
     return LoadedModel(files.name, model.to(device), config["family"], tuple(labels), transform,
                        files.source("vitviz", SAFETENSORS))
+
+
+def _from_open_clip(files: Files, config: dict, device: torch.device) -> LoadedModel:
+    """open_clip's layout: open_clip_config.json (`model_cfg`, `preprocess_cfg`) and its weights."""
+    model_cfg = config.get("model_cfg", config)
+    if "quick_gelu" not in model_cfg and isinstance(files, HubFiles):
+        model_cfg = {**model_cfg, "quick_gelu": _open_clip_registry_quick_gelu(files.repo_id)}
+    try:
+        clip_config = CLIPConfig.from_open_clip(model_cfg)
+    except (TypeError, ValueError) as e:
+        raise _unsupported(files.name, f"an open_clip model vitviz cannot build ({e})") from None
+    size = clip_config.vision.img_size
+    try:
+        if size[0] != size[1]:
+            raise ValueError(f"a {size[0]}x{size[1]} input is not square")
+        transform = Transform.from_open_clip(config.get("preprocess_cfg") or {}, size[0])
+    except ValueError as e:
+        raise LoadError(f"{files.name!r}: its preprocessing is not supported ({e}).") from None
+    weights, weights_file = files.weights(OPEN_CLIP_SAFETENSORS, OPEN_CLIP_PICKLED)
+    clip = _build("clip", clip_config, convert_open_clip_state_dict(weights), device, files, weights_file,
+                  config_file=OPEN_CLIP_CONFIG)
+    return _clip_model(files, clip, transform, "open_clip", weights_file)
+
+
+def _open_clip_registry_quick_gelu(repo_id: str) -> bool:
+    """Whether open_clip's pretrained registry trains the weights in `repo_id` with QuickGELU (OpenAI's, as
+    `create_model('ViT-B-16', pretrained='openai')` reads it), for an open_clip_config.json that does not say."""
+    import open_clip
+
+    tags = [open_clip.get_pretrained_cfg(*pair) for pair in open_clip.list_pretrained()]
+    return any(tag.get("hf_hub", "").rstrip("/") == repo_id and tag.get("quick_gelu", False) for tag in tags)
+
+
+def _from_transformers_clip(files: Files, config: dict, device: torch.device) -> LoadedModel:
+    """transformers' `CLIPModel` layout: config.json, preprocessor_config.json, its tokenizer's vocab.json and
+    merges.txt (checked to be CLIP's, which open_clip's tokenizer then reproduces), model.safetensors."""
+    try:
+        clip_config = CLIPConfig.from_transformers(config)
+    except (KeyError, TypeError, ValueError) as e:
+        raise LoadError(f"{files.name!r}: its CLIP {CONFIG} is not one vitviz can build ({e!r}).") from None
+    try:
+        transform = Transform.from_clip_processor(files.json(CVT_PROCESSOR, optional=True) or {})
+    except ValueError as e:
+        raise LoadError(f"{files.name!r}: its {CVT_PROCESSOR} is not supported ({e}).") from None
+    merges = [line for line in files.get(CLIP_MERGES).read_text(encoding="utf-8").splitlines()
+              if line and not line.startswith("#version")]
+    if not Tokenizer(clip_config.text.context_length).has_vocabulary(files.json(CLIP_VOCAB), merges):
+        raise LoadError(f"{files.name!r}: its tokenizer ({CLIP_VOCAB}, {CLIP_MERGES}) is not CLIP's byte-pair "
+                        f"vocabulary, the one vitviz tokenizes with.")
+    weights, weights_file = files.weights()
+    clip = _build("clip", clip_config, convert_transformers_clip(weights), device, files, weights_file)
+    return _clip_model(files, clip, transform, "transformers", weights_file)
+
+
+def _clip_model(files: Files, clip: CLIP, transform: Transform, layout: str, weights_file: str) -> LoadedModel:
+    """A CLIP model before any prompt: its image tower, without a classifier (like DINO) until `with_prompts`."""
+    return LoadedModel(files.name, clip.visual, "vit", (), transform, files.source(layout, weights_file),
+                       takes_prompts=True, clip=clip, tokenizer=Tokenizer(clip.config.text.context_length))
 
 
 def _from_timm(files: Files, config: dict, device: torch.device) -> LoadedModel:
@@ -474,14 +607,14 @@ def _numbered(n: int) -> tuple[str, ...]:
 
 
 def _build(family: str, config, weights: dict[str, Tensor], device: torch.device, files: Files,
-           weights_file: str) -> nn.Module:
+           weights_file: str, *, config_file: str = CONFIG) -> nn.Module:
     with torch.device("meta"):   # no random init: every value comes from the checkpoint
-        model = FAMILIES[family][0](config)
+        model = (CLIP if family == "clip" else FAMILIES[family][0])(config)
     model = model.to_empty(device=device)
     try:
         load_weights(model, weights)
     except ValueError as e:
-        raise LoadError(f"{files.name!r}: the tensors in {weights_file} do not fit its {CONFIG}: {e}.") from None
+        raise LoadError(f"{files.name!r}: the tensors in {weights_file} do not fit its {config_file}: {e}.") from None
     for name, buffer in model.named_buffers():
         if name.endswith("num_batches_tracked"):   # not stored by transformers; unused in eval
             buffer.zero_()
@@ -520,30 +653,31 @@ class Files(ABC):
             raise self.damaged(path, "not a JSON object")
         return value
 
-    def weights(self) -> tuple[dict[str, Tensor], str]:
-        """(state dict, file name): model.safetensors if there is one, else pytorch_model.bin, tensors only."""
-        path = self.get(SAFETENSORS, optional=True)
+    def weights(self, safetensors: str = SAFETENSORS, pickled: str = PICKLED) -> tuple[dict[str, Tensor], str]:
+        """(state dict, file name): model.safetensors if there is one, else pytorch_model.bin, tensors only
+        (open_clip's layout: its own two names)."""
+        path = self.get(safetensors, optional=True)
         if path is not None:
             try:
-                return load_file(path), SAFETENSORS
+                return load_file(path), safetensors
             except SafetensorError as e:
                 raise self.damaged(path, e) from None
-        path = self.get(PICKLED, optional=True)
+        path = self.get(pickled, optional=True)
         if path is None:
-            raise LoadError(f"{self.name!r} has neither {SAFETENSORS} nor {PICKLED}.")
+            raise LoadError(f"{self.name!r} has neither {safetensors} nor {pickled}.")
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError:
             # torch's weights-only unpickler stops at the first thing that isn't tensor data; pickled code
             # and plain garbage look the same to it
-            raise LoadError(f"{self.name!r}: {PICKLED} was refused: it is not tensors alone (it holds Python "
+            raise LoadError(f"{self.name!r}: {pickled} was refused: it is not tensors alone (it holds Python "
                             f"objects or code, or it is damaged), and vitviz never runs code from a checkpoint."
                             ) from None
         except (EOFError, RuntimeError) as e:
             raise self.damaged(path, e) from None
         if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
-            raise LoadError(f"{self.name!r}: {PICKLED} is not a state dict of tensors.")
-        return state, PICKLED
+            raise LoadError(f"{self.name!r}: {pickled} is not a state dict of tensors.")
+        return state, pickled
 
 
 class FolderFiles(Files):
@@ -585,14 +719,14 @@ class HubFiles(Files):
             path = self._download(filename, optional)
             if path is None:
                 return None
-        if filename == CONFIG:
+        if filename in (CONFIG, OPEN_CLIP_CONFIG):
             self.folder = path.parent
         return path
 
     def _download(self, filename: str, optional: bool) -> Path | None:
-        # config.json by the revision's name, so the cache learns where it points (for offline use);
+        # the configs by the revision's name, so the cache learns where it points (for offline use);
         # the rest by commit, so one load's files always belong together
-        revision = self.revision if filename == CONFIG else self.commit
+        revision = self.revision if filename in (CONFIG, OPEN_CLIP_CONFIG) else self.commit
         fresh = not isinstance(try_to_load_from_cache(self.repo_id, filename, revision=self.commit), str)
         bar = _progress_bar(self.progress, f"Downloading {filename} of {self.name}") if self.progress else None
         try:
@@ -742,7 +876,9 @@ def available(source: str) -> bool:
 def _cached_files(repo_id: str, revision: str = "main") -> list[Path]:
     """The files `load` would read for `revision` of `repo_id` from the HF cache; [] without config or weights."""
     found = [try_to_load_from_cache(repo_id, f, revision=revision)
-             for f in (CONFIG, SAFETENSORS, PICKLED, CVT_PROCESSOR)]
+             for f in (CONFIG, SAFETENSORS, PICKLED, CVT_PROCESSOR, OPEN_CLIP_CONFIG, OPEN_CLIP_SAFETENSORS,
+                       OPEN_CLIP_PICKLED, CLIP_VOCAB, CLIP_MERGES)]
     paths = [Path(p) for p in found if isinstance(p, str)]
     names = {p.name for p in paths}
-    return paths if CONFIG in names and names & {SAFETENSORS, PICKLED} else []
+    layouts = [({CONFIG}, {SAFETENSORS, PICKLED}), ({OPEN_CLIP_CONFIG}, {OPEN_CLIP_SAFETENSORS, OPEN_CLIP_PICKLED})]
+    return paths if CONFIG in names and any(config & names and weights & names for config, weights in layouts) else []

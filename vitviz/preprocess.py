@@ -3,9 +3,13 @@
 One `Transform` describes both timm's eval pipeline (resize the shorter side to
 floor(size / crop_pct), bicubic, centre crop) and the CvT image processor (shorter side to 256 then
 crop 224; a plain resize to 384x384 at 384), so every view can invert exactly what the model saw.
-`Transform.from_timm` and `Transform.from_cvt_processor` read those from the checkpoint's own
-config; both resize with PIL, as timm's `create_transform` and transformers' PIL image processor do,
-so the pixels are the same (the tests compare them).
+`Transform.from_timm`, `Transform.from_cvt_processor`, `Transform.from_open_clip` and
+`Transform.from_clip_processor` read those from the checkpoint's own config; all resize with PIL,
+as timm's `create_transform`, open_clip's transform (torchvision on PIL images) and transformers'
+PIL image processors do, so the pixels are the same (the tests compare them).
+
+CLIP's text side is preprocessing too: `prompts_from_text` turns what a person types ("dog, ball,
+grass") into prompts through CLIP's template, and `Tokenizer` turns prompts into token ids.
 """
 from __future__ import annotations
 
@@ -20,6 +24,9 @@ from torch import Tensor
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 HF_STANDARD_MEAN = HF_STANDARD_STD = (0.5, 0.5, 0.5)   # transformers' IMAGENET_STANDARD_*: its processors' default
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)        # OpenAI's, open_clip's OPENAI_DATASET_MEAN
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+PROMPT_TEMPLATE = "a photo of a {}"   # CLIP's default prompt (Radford et al. 2021, section 3.1.4)
 _RESAMPLE = {"bicubic": Image.BICUBIC, "bilinear": Image.BILINEAR, "nearest": Image.NEAREST}
 _PIL_CODES = {int(code): name for name, code in _RESAMPLE.items()}   # transformers stores PIL's numbers
 _CROP_ROUNDING = ("round", "floor")
@@ -96,6 +103,35 @@ class Transform:
             return cls(resize=(edge, edge), **common)
         return cls(resize=int(edge / (config.get("crop_pct") or 224 / 256)), **common)
 
+    @classmethod
+    def from_open_clip(cls, preprocess_cfg: dict, image_size: int) -> "Transform":
+        """open_clip's eval transform for its `preprocess_cfg` (open_clip_config.json): the shorter side to
+        `image_size` (bicubic by default), centre crop, the config's mean and std (OpenAI's by default)."""
+        mode = preprocess_cfg.get("resize_mode") or "shortest"
+        if mode != "shortest":
+            raise ValueError(f"only resize_mode 'shortest' is supported, not {mode!r}")
+        return cls(crop=(image_size, image_size), resize=image_size, mean=preprocess_cfg.get("mean") or CLIP_MEAN,
+                   std=preprocess_cfg.get("std") or CLIP_STD,
+                   interpolation=preprocess_cfg.get("interpolation") or "bicubic")
+
+    @classmethod
+    def from_clip_processor(cls, config: dict) -> "Transform":
+        """The transform of a transformers `CLIPImageProcessor` config (preprocessor_config.json): the shorter
+        side to `size`, centre crop `crop_size`; keys it leaves out take the processor's defaults."""
+        unsupported = [key for key, value in (("do_resize", True), ("do_rescale", True), ("do_normalize", True),
+                                              ("do_center_crop", True)) if config.get(key, value) != value]
+        if unsupported:
+            raise ValueError(f"unsupported CLIPImageProcessor settings: {', '.join(unsupported)}")
+        size, crop = config.get("size", {"shortest_edge": 224}), config.get("crop_size", {"height": 224, "width": 224})
+        edge = size if isinstance(size, int) else size.get("shortest_edge")
+        crop = (crop, crop) if isinstance(crop, int) else (crop.get("height"), crop.get("width"))
+        resample = config.get("resample", int(Image.BICUBIC))
+        if not isinstance(edge, int) or not all(isinstance(n, int) for n in crop) or resample not in _PIL_CODES:
+            raise ValueError(f"unsupported CLIPImageProcessor size {size!r}, crop_size {crop!r} or "
+                             f"resample {resample!r}")
+        return cls(crop=crop, resize=edge, mean=config.get("image_mean") or CLIP_MEAN,
+                   std=config.get("image_std") or CLIP_STD, interpolation=_PIL_CODES[resample], crop_rounding="floor")
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -130,3 +166,44 @@ class Transform:
         image = image.crop((left, top, left + cw, top + ch))
         rgb = torch.from_numpy(np.asarray(image, dtype=np.float32) / 255.0).permute(2, 0, 1)[None]
         return self.normalize(rgb)
+
+
+# ---- CLIP's text side -------------------------------------------------------------------------------------
+
+def prompts_from_text(text: str, template: str = PROMPT_TEMPLATE) -> list[str]:
+    """What a person types -> CLIP prompts: "dog, ball, grass" -> ["a photo of a dog", "a photo of a ball",
+    "a photo of a grass"]. Comma-separated, each part stripped, empty parts and repeats dropped; `template`
+    has one {} for the words."""
+    if not isinstance(text, str):
+        raise ValueError(f"prompts are text, not {type(text).__name__}")
+    if template.count("{}") != 1:
+        raise ValueError(f"a prompt template has one {{}} for the words, not {template!r}")
+    words = dict.fromkeys(part.strip() for part in text.split(","))
+    return [template.format(word) for word in words if word]
+
+
+class Tokenizer:
+    """CLIP's byte-pair tokenizer (open_clip's `SimpleTokenizer`, whose vocabulary ships inside its wheel,
+    so it works offline): texts -> b context_length token ids, start and end of text around each text's
+    tokens (cut to fit), zeros after."""
+
+    def __init__(self, context_length: int = 77):
+        from open_clip.tokenizer import SimpleTokenizer   # imports in a second; only CLIP models need it
+
+        self._bpe = SimpleTokenizer(context_length=context_length)
+        self.context_length = context_length
+
+    def __call__(self, texts: list[str]) -> Tensor:
+        if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
+            raise ValueError("tokenize a list of texts")
+        return self._bpe(list(texts))
+
+    def has_vocabulary(self, vocab: dict[str, int], merges: list[str]) -> bool:
+        """Whether a tokenizer's vocab.json and merges.txt (the BPE merges in rank order, without the
+        '#version' line) are this tokenizer's, so its ids are the same. OpenAI's files (and transformers')
+        name the start and end of text `<|startoftext|>` and `<|endoftext|>`, open_clip `<start_of_text>` and
+        `<end_of_text>`: the same two ids."""
+        bpe = self._bpe
+        specials = {bpe.decoder[bpe.sot_token_id]: "<|startoftext|>", bpe.decoder[bpe.eot_token_id]: "<|endoftext|>"}
+        ranked = [" ".join(pair) for pair, _ in sorted(bpe.bpe_ranks.items(), key=lambda item: item[1])]
+        return vocab == {specials.get(token, token): i for token, i in bpe.encoder.items()} and merges == ranked

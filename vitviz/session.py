@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import os
 import threading
-import uuid
-from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Sequence
@@ -66,6 +64,26 @@ class Prediction:
     prob: float
 
 
+@dataclass(frozen=True)
+class MapRequest:
+    """One map to compute: `method` with its knobs `params`; for a targeted method, explaining class `target`,
+    or, for a model without a classifier, the similarity of its pooled output to `direction` (c, on the CPU).
+    Plain data, so it crosses to a process that holds the model."""
+    method: str
+    target: int | None
+    direction: torch.Tensor | None
+    params: dict
+
+
+def class_map(model, pixels: torch.Tensor, request: MapRequest) -> np.ndarray:
+    """The gh gw float32 map a `MapRequest` asks of `model` on 1 3 h w `pixels` (a forward and a backward)."""
+    explained = model if request.direction is None else \
+        explain.SimilarityTarget(model, request.direction.to(pixels.device))
+    with MODEL_GATE():
+        maps = explain.method(request.method).maps(explained, pixels, [request.target], **request.params)
+    return maps[0].detach().float().cpu().numpy()
+
+
 def autocast(device: torch.device):
     """bf16 autocast on CUDA (the maps are read in fp32 afterwards); plain fp32 elsewhere."""
     return torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
@@ -76,8 +94,10 @@ def trace_batch(loaded, pixels: torch.Tensor) -> list[Trace]:
     with MODEL_GATE(), torch.inference_mode(), autocast(pixels.device):
         trace = loaded.model.trace(pixels)
     cpu = lambda t: t.float().cpu()
+    part = lambda t, i: None if t is None else cpu(t[i:i + 1])
     return [replace(trace, logits=cpu(trace.logits[i:i + 1]),
-                    blocks=[replace(b, attn=cpu(b.attn[i:i + 1]), tokens=cpu(b.tokens[i:i + 1])) for b in trace.blocks],
+                    blocks=[replace(b, attn=part(b.attn, i), tokens=cpu(b.tokens[i:i + 1]), inputs=part(b.inputs, i))
+                            for b in trace.blocks],
                     features=[cpu(f[i:i + 1]) for f in trace.features],
                     pooled=None if trace.pooled is None else cpu(trace.pooled[i:i + 1]),
                     final_tokens=None if trace.final_tokens is None else cpu(trace.final_tokens[i:i + 1]))
@@ -137,37 +157,53 @@ class ModelRun:
                 self._maps[key] = compute()
             return self._maps[key]
 
-    def token_map(self, method: str, *, target: int | None = None, head_fusion: str = "mean",
-                  discard_ratio: float = 0.0, start_layer: int = 0,
-                  point: tuple[float, float] | None = None) -> np.ndarray:
-        """gh gw float32 on the last token grid, for any of `explain.METHODS` (`target`: a class index,
-        default the top prediction; methods that explain no class ignore it). The knobs a method does
-        not read are ignored, so one call serves every method. A model without a classifier takes no
-        `target`: its targeted methods explain the similarity of its pooled output to the output of the
-        token under the display `point`, or without one to its own direction (`explain.SimilarityTarget`)."""
+    def map_request(self, method: str, *, target: int | None = None, head_fusion: str = "mean",
+                    discard_ratio: float = 0.0, start_layer: int = 0,
+                    point: tuple[float, float] | None = None) -> tuple[tuple, MapRequest]:
+        """(the cache key of `token_map`'s map, what computing it takes: a model pass for a targeted method
+        (`class_map`), the kept trace otherwise). The knobs a method does not read are dropped, so one call
+        serves every method; a target is checked against the model's classes here, before any model pass."""
         m = explain.method(method)
         knobs = {"head_fusion": head_fusion, "discard_ratio": discard_ratio, "start_layer": start_layer}
         params = {k: v for k, v in knobs.items() if k in m.params}
-        if not m.targeted:   # from the kept trace: no model pass
-            return self._cached((method, *params.values()), lambda: m.from_trace(self.trace, **params)[0].numpy())
-        model, target, key = self._explained(target, point)
+        if not m.targeted:
+            return (method, *params.values()), MapRequest(method, None, None, params)
+        target, direction, key = self._explained(target, point)
+        return (method, key, *params.values()), MapRequest(method, target, direction, params)
 
-        def gated():
-            with MODEL_GATE():
-                return m.maps(model, self.pixels, [target], **params)[0].detach().float().cpu().numpy()
-        return self._cached((method, key, *params.values()), gated)
+    def token_map(self, method: str, **options) -> np.ndarray:
+        """gh gw float32 on the last token grid, for any of `explain.METHODS` (`target`: a class index,
+        default the top prediction; methods that explain no class ignore it; the options are
+        `map_request`'s). A model without a classifier takes no `target`: its targeted methods explain the
+        similarity of its pooled output to the output of the token under the display `point`, or without
+        one to its own direction (`explain.SimilarityTarget`). Kept: asking again costs nothing."""
+        key, request = self.map_request(method, **options)
+        if not explain.method(method).targeted:   # from the kept trace: no model pass
+            return self._cached(key, lambda: explain.method(method).from_trace(self.trace, **request.params)[0].numpy())
+        return self._cached(key, lambda: class_map(self.loaded.model, self.pixels, request))
 
-    def _explained(self, target: int | None, point) -> tuple:
-        """(what a targeted method explains, the class index to explain in it, a cache key for the two)."""
+    def keep(self, key: tuple, value) -> None:
+        """Keep what a model pass elsewhere computed for `key` (a `map_request` or `faithfulness_key`), as if
+        this run had computed it: the app fills its runs from what its GPU functions return."""
+        with self._lock:
+            self._maps.setdefault(key, value)
+
+    def kept(self, key: tuple) -> bool:
+        with self._lock:
+            return key in self._maps
+
+    def _explained(self, target: int | None, point) -> tuple[int, torch.Tensor | None, tuple | int]:
+        """(the class index to explain, the similarity direction of a model without a classifier or None,
+        a cache key for the two)."""
         if self.has_classifier:
             target = self.target(target)
-            return self.loaded.model, target, target
+            return target, None, target
         if target is not None:
             raise ValueError(f"{self.name} has no classifier, so it has no class {target} to explain: leave the "
                              f"target out (its pooled output is explained instead).")
         token = self.similarity_token(point)
         direction = self.trace.pooled[0] if token is None else self.trace.final_tokens[0, token]
-        return explain.SimilarityTarget(self.loaded.model, direction.to(self.pixels.device)), 0, ("similar", token)
+        return 0, direction.detach().float().cpu(), ("similar", token)
 
     def similarity_token(self, point: tuple[float, float] | None) -> int | None:
         """The position in the token sequence of the grid token under a display point (None: no point, or
@@ -211,6 +247,9 @@ class ModelRun:
     @staticmethod
     def _centre_token(block) -> tuple[int, int]:
         return block.query_grid[0] // 2, block.query_grid[1] // 2
+
+    def faithfulness_key(self, method: str, *, target: int | None = None, steps: int = 16) -> tuple:
+        return ("faithfulness", method, self.target(target), int(steps))
 
     def faithfulness(self, method: str, *, target: int | None = None, steps: int = 16) -> dict:
         """Deletion and insertion curves of a method's map and of a random order, with their AUCs (kept)."""
@@ -415,25 +454,36 @@ def faithfulness_curves(runs: Sequence[ModelRun], method: str, *, targets: Seque
     run's map and of its random order, goes through the model in the same batched forwards. Each run
     keeps its result, so asking it again costs nothing."""
     targets = [run.target(t) for run, t in zip(runs, targets or [None] * len(runs))]
-    keys = [("faithfulness", method, target, steps) for target in targets]
-    todo = [i for i, (run, key) in enumerate(zip(runs, keys)) if key not in run._maps]
+    keys = [run.faithfulness_key(method, target=t, steps=steps) for run, t in zip(runs, targets)]
+    todo = [i for i, (run, key) in enumerate(zip(runs, keys)) if not run.kept(key)]
     if todo:
-        pixels = torch.cat([runs[i].pixels for i in todo])
-        maps = torch.stack([torch.from_numpy(runs[i].token_map(method, target=targets[i])) for i in todo])
-        orders = torch.stack([maps, torch.stack([explain.random_saliency(m) for m in maps])]).to(pixels.device)
-        (fractions, deletion), (_, insertion) = (explain.faithfulness.deletion(pixels, orders, steps=steps),
-                                                 explain.faithfulness.insertion(pixels, orders, steps=steps))
-        with MODEL_GATE():
-            scores = explain.faithfulness.score(runs[0].loaded.model, [deletion, insertion],
-                                                torch.tensor([targets[i] for i in todo], device=pixels.device))
-        for j, i in enumerate(todo):
-            curves = {"target": targets[i], "fractions": fractions.tolist()}
-            for kind, s in zip(("deletion", "insertion"), scores):
-                for k, name in enumerate(("map", "random")):
-                    y = s.probs[k, j]
-                    curves[f"{kind}/{name}"] = {"scores": y.tolist(), "auc": float(torch.trapezoid(y, fractions))}
-            runs[i]._cached(keys[i], lambda: curves)
+        maps = [runs[i].token_map(method, target=targets[i]) for i in todo]
+        curves = faithfulness_scores(runs[0].loaded.model, torch.cat([runs[i].pixels for i in todo]), maps,
+                                     [targets[i] for i in todo], steps=steps)
+        for i, result in zip(todo, curves):
+            runs[i].keep(keys[i], result)
     return [run._maps[key] for run, key in zip(runs, keys)]
+
+
+def faithfulness_scores(model, pixels: torch.Tensor, maps: Sequence[np.ndarray], targets: Sequence[int], *,
+                        steps: int = 16) -> list[dict]:
+    """Deletion and insertion curves of each image's map (b 3 h w pixels, one gh gw map and class each) and of
+    a random order, with their AUCs, all in the same batched forwards: plain lists and floats."""
+    maps = torch.stack([torch.as_tensor(m) for m in maps])
+    orders = torch.stack([maps, torch.stack([explain.random_saliency(m) for m in maps])]).to(pixels.device)
+    (fractions, deletion), (_, insertion) = (explain.faithfulness.deletion(pixels, orders, steps=steps),
+                                             explain.faithfulness.insertion(pixels, orders, steps=steps))
+    with MODEL_GATE():
+        scores = explain.faithfulness.score(model, [deletion, insertion], torch.tensor(list(targets), device=pixels.device))
+    results = []
+    for j, target in enumerate(targets):
+        curves = {"target": int(target), "fractions": fractions.tolist()}
+        for kind, s in zip(("deletion", "insertion"), scores):
+            for k, name in enumerate(("map", "random")):
+                y = s.probs[k, j]
+                curves[f"{kind}/{name}"] = {"scores": y.tolist(), "auc": float(torch.trapezoid(y, fractions))}
+        results.append(curves)
+    return results
 
 
 def decode_side(models: Sequence) -> tuple[int, int]:
@@ -488,31 +538,3 @@ def spearman(x: np.ndarray, y: np.ndarray) -> float | None:
     if rx.std() == 0 or ry.std() == 0:
         return None
     return float(np.corrcoef(rx, ry)[0, 1])
-
-
-class RunStore:
-    """The app's sessions, server side: key -> the runs of one click, least recently used dropped first,
-    so memory stays bounded however many browsers (or API clients) come and go."""
-
-    def __init__(self, capacity: int = 16):
-        self.capacity = capacity
-        self._runs: OrderedDict[str, list[ModelRun]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def put(self, runs: list[ModelRun]) -> str:
-        key = uuid.uuid4().hex
-        with self._lock:
-            self._runs[key] = runs
-            while len(self._runs) > self.capacity:
-                self._runs.popitem(last=False)
-        return key
-
-    def get(self, key: str | None) -> list[ModelRun]:
-        with self._lock:
-            if key not in self._runs:
-                raise KeyError("these results have expired: press Explain again")
-            self._runs.move_to_end(key)
-            return self._runs[key]
-
-    def __len__(self) -> int:
-        return len(self._runs)

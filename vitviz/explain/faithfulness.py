@@ -40,7 +40,6 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
-from torchvision.transforms.v2.functional import gaussian_blur
 
 from .gradients import Target, resolve_target
 
@@ -63,6 +62,7 @@ def baseline_image(pixels: Tensor, baseline: str | Tensor) -> Tensor:
     if baseline == "mean":
         return torch.zeros_like(pixels)
     if baseline == "blur":
+        from torchvision.transforms.v2.functional import gaussian_blur   # torchvision costs ~1.5 s to import
         sigma = max(pixels.shape[-2:]) / 16
         kernel = 2 * int(2 * sigma) + 1
         return gaussian_blur(pixels, [kernel, kernel], [sigma, sigma])

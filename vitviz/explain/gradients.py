@@ -13,6 +13,13 @@ and keep the positive part, in each method's own order:
 D = I for ViT and the key-to-query operator of `cvt.py` for CvT. The `*_from_trace` functions take
 a trace made with `model.trace(pixels, grad=True)` and leave its graph intact, so one traced
 forward serves every method; the plain names run that forward themselves.
+
+CLIP. With prompts a CLIP model is a classifier whose logit is exp(logit_scale) times the cosine of
+the image and prompt features (`models/clip.py`), which is what Chefer et al.'s CLIP notebook
+(Transformer-MM-Explainability, `CLIP_explainability.ipynb`, `interpret`) differentiates:
+`logits_per_image` of the image and its prompt. Their notebook starts the image relevance at the last
+block (`start_layer` 11 of ViT-B's 12; -1 in its later form): `CLIP_START_LAYER`, which a negative
+`start_layer` expresses for any depth (it counts from the last block, -1 being the last alone).
 """
 from __future__ import annotations
 
@@ -26,6 +33,12 @@ from .cvt import keys_to_queries
 from .rollout import blocks_in_range, class_column, discard_lowest, propagate, rollout_step
 
 Target = int | Sequence[int] | Tensor | None
+CLIP_START_LAYER = -1   # Chefer et al.'s CLIP notebook: the last block's relevance alone
+
+
+def first_block(trace: Trace, start_layer: int) -> int:
+    """`start_layer` as an index of `trace.blocks`: a negative one counts from the end (-1: the last block)."""
+    return start_layer + len(trace.blocks) if -len(trace.blocks) <= start_layer < 0 else start_layer
 
 
 def resolve_target(logits: Tensor, target: Target) -> Tensor:
@@ -86,7 +99,9 @@ def chefer_step(row: Tensor, weighted: Tensor, block: BlockTrace) -> Tensor:
 
 def chefer_relevance_from_trace(trace: Trace, target: Target = None, *, start_layer: int = 0,
                                 to_stage: int = -1) -> Tensor:
-    """Chefer et al. 2021 relevance of a grad trace: b gh gw on the model's last token grid."""
+    """Chefer et al. 2021 relevance of a grad trace: b gh gw on the model's last token grid (`start_layer` < 0:
+    counted from the last block)."""
+    start_layer = first_block(trace, start_layer)
     grads = attention_gradients(trace, target, blocks_in_range(trace, start_layer=start_layer, to_stage=to_stage))
     return propagate(trace, lambda i: clip_then_mean(trace.blocks[i].attn, grads[i]), chefer_step,
                      start_layer=start_layer, to_stage=to_stage)

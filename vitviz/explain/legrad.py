@@ -43,6 +43,18 @@ output projection and attention-times-values): autograd executes only the nodes 
 requested tensor and prunes everything else, and no weight gradient is formed. The tails of all
 layers together cost about one more forward: LeGrad over all 12 blocks of ViT-B/16 takes 1.9
 plain forwards (`benchmarks/bench.py --only attribution`), torchcam's 2.1.
+
+CLIP, as the LeGrad authors compute it (legrad_torch 1.1, `LeWrapper.compute_legrad_clip`). A CLIP
+model with prompts is a ViT whose head is the zero-shot head (`models/clip.py`), so `pooled_logits`
+is their per-layer score: the mean of all the layer's tokens through ln_post and the projection, its
+cosine to the prompt's text embedding, times exp(logit_scale). That positive constant scales the
+gradient, which the ReLU, the means and the min-max normalisation all pass through, so the map is
+theirs. They sum the layers where torchcam averages them (the same after min-max), read only the
+last two blocks (`LeWrapper(layer_index=-2)`: `CLIP_START_LAYER`, a negative `start_layer` counting
+from the last block) and upsample each layer's map to the pixels bilinearly before the min-max;
+bilinear interpolation is linear and keeps constants, so upsampling vitviz's token map and min-maxing
+it again gives their pixel map exactly (the tests do). Their normalisation has no 1e-8 (one part in
+10^8 of the range apart).
 """
 from __future__ import annotations
 
@@ -54,20 +66,22 @@ from torch import Tensor, nn
 
 from ..models.trace import Trace
 from .cvt import keys_to_queries
-from .gradients import Target, _grad_trace, resolve_target
+from .gradients import Target, _grad_trace, first_block, resolve_target
 from .rollout import blocks_in_range
 
 Classifier = Callable[[Tensor], Tensor]   # a block's b n c tokens -> b classes (the models' `pooled_logits`)
 EPS = 1e-8   # torchcam's `_CAM._normalize`
+CLIP_START_LAYER = -2   # legrad_torch's `LeWrapper(layer_index=-2)`: the last two blocks
 
 
 def legrad_from_trace(trace: Trace, classifier: Classifier, target: Target = None, *, start_layer: int = 0) -> Tensor:
-    """LeGrad of a grad trace, each block scored by `classifier`: b gh gw on the model's last token grid, in [0, 1]."""
+    """LeGrad of a grad trace, each block scored by `classifier`: b gh gw on the model's last token grid, in [0, 1]
+    (`start_layer` < 0: counted from the last block)."""
     if not trace.logits.requires_grad:
         raise ValueError("this trace has no gradients: make it with model.trace(pixels, grad=True)")
     target = resolve_target(trace.logits, target)[:, None]
     maps = []
-    for i in blocks_in_range(trace, start_layer=start_layer, to_stage=-1):   # CvT: the last stage's blocks
+    for i in blocks_in_range(trace, start_layer=first_block(trace, start_layer), to_stage=-1):   # CvT: last stage
         block = trace.blocks[i]
         score = classifier(block.tokens).gather(1, target).sum()   # images are independent: per-image gradients
         (grad,) = torch.autograd.grad(score, block.attn, retain_graph=True)

@@ -5,19 +5,21 @@ comes from, and the batched function that computes it.
 
 Every name here is what `--methods`, `ModelRun.token_map`, the export's file names and the app's
 menus accept. `params` names the shared knobs a method reads (head_fusion, discard_ratio,
-start_layer); the others are not passed to it.
+start_layer); the others are not passed to it. `clip_params` are the knobs at the values a method's
+authors use on CLIP models (LeGrad's last two blocks, Chefer's last block), for a model that takes
+prompts (`LoadedModel.takes_prompts`): `METHODS[name].params_for(loaded.takes_prompts)`.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from torch import Tensor, nn
 
 from .gradcam import gradcam
-from .gradients import Target, chefer_relevance, gradient_rollout
+from .gradients import CLIP_START_LAYER as CHEFER_CLIP_START_LAYER, Target, chefer_relevance, gradient_rollout
 from .lrp import attnlrp
-from .legrad import legrad
+from .legrad import CLIP_START_LAYER as LEGRAD_CLIP_START_LAYER, legrad
 from .rollout import attention_rollout
 
 FAMILIES = {   # family -> how the app and README group its methods
@@ -39,6 +41,11 @@ class Method:
     params: tuple[str, ...] = ()
     from_trace: Callable[..., Tensor] | None = None   # (trace, **params) -> b gh gw, for a kept inference trace
     signed: bool = False        # values for (> 0) and against (< 0) the class: drawn on a scale symmetric about 0
+    clip_params: dict = field(default_factory=dict)   # knobs at its authors' values for CLIP models
+
+    def params_for(self, clip: bool) -> dict:
+        """The knobs to pass it by default: its authors' CLIP values for a CLIP model, none otherwise."""
+        return dict(self.clip_params) if clip else {}
 
     @property
     def targeted(self) -> bool:
@@ -61,13 +68,14 @@ METHODS: dict[str, Method] = {m.name: m for m in [
            gradient_rollout, ("discard_ratio", "start_layer")),
     Method("chefer", "Chefer relevance", "gradient",
            "R <- R + mean_h(clamp(grad * A, 0)) R over the layers: positive gradient-weighted attention, "
-           "accumulated", "1 forward + 1 backward", "Chefer, Gur & Wolf, CVPR 2021",
-           chefer_relevance, ("start_layer",)),
+           "accumulated", "1 forward + 1 backward", "Chefer, Gur & Wolf, CVPR 2021 (CLIP: their CLIP notebook, "
+           "the last block)", chefer_relevance, ("start_layer",), clip_params={"start_layer": CHEFER_CLIP_START_LAYER}),
     Method("legrad", "LeGrad", "gradient",
            "per layer, the positive gradient of that layer's own class score (the classifier on its mean token) "
            "w.r.t. its attention, averaged over heads, queries and layers", "1 forward + per layer the backward from "
-           "its score to its attention only: about 2 forwards", "Bousselham et al. 2024, as torchcam 0.5's LeGrad",
-           legrad, ("start_layer",)),
+           "its score to its attention only: about 2 forwards", "Bousselham et al. 2024, as torchcam 0.5's LeGrad "
+           "(CLIP: as legrad_torch 1.1, the last two blocks)", legrad, ("start_layer",),
+           clip_params={"start_layer": LEGRAD_CLIP_START_LAYER}),
     Method("gradcam", "Grad-CAM", "gradient",
            "the last block's first-norm activations weighted by the grid-mean of the target logit's gradient, "
            "summed over channels, negatives clipped", "1 forward + a backward through the last block only: "

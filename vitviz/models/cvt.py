@@ -17,7 +17,7 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from .relevance import GELU, GammaConv2d, GammaLinear, LayerNorm, QuickGELU, attention_inputs
-from .trace import BlockTrace, Embedding, Trace, Window
+from .trace import AttentionParts, BlockTrace, Embedding, Trace, Window
 
 LN_EPS = 1e-5   # every CvT LayerNorm; transformers never reads config.layer_norm_eps
 
@@ -148,6 +148,12 @@ class ConvAttention(nn.Module):
             attn, out = None, F.scaled_dot_product_attention(q, k, v, scale=self.scale)
         return self.proj(rearrange(out, 'b h n d -> b n (h d)')), attn, key_grid
 
+    def values(self, x: Tensor, grid: tuple[int, int], prefix: int) -> Tensor:
+        """b n c -> b h nk d: the values alone, as forward computes them (for decompositions)."""
+        fmap = rearrange(x[:, prefix:], 'b (h w) c -> b c h w', h=grid[0], w=grid[1])
+        v = self.v(torch.cat([x[:, :prefix], rearrange(self.conv_v(fmap), 'b c h w -> b (h w) c')], dim=1))
+        return rearrange(v, 'b n (h d) -> b h n d', h=self.heads)
+
 
 class Mlp(nn.Module):
     def __init__(self, *, dim: int, hidden_dim: int, act: str):
@@ -171,12 +177,19 @@ class Block(nn.Module):
         self.norm2 = LayerNorm(s.embed_dim, eps=LN_EPS)
         self.mlp = Mlp(dim=s.embed_dim, hidden_dim=int(s.embed_dim * s.mlp_ratio), act=act)
 
-    def forward(self, x: Tensor, grid: tuple[int, int], prefix: int, return_attn: bool = False):
-        """-> (output tokens, attention or None, key grid, first norm's output)."""
+    def forward(self, x: Tensor, grid: tuple[int, int], prefix: int, return_attn: bool = False,
+                attn_delta: Tensor | None = None):
+        """-> (output tokens, attention or None, key grid, first norm's output); attn_delta: added to the
+        attention's output (activation patching)."""
         normed = self.norm1(x)
         out, attn, key_grid = self.attn(normed, grid, prefix, return_attn)
-        x = x + out
+        x = x + out if attn_delta is None else x + out + attn_delta
         return x + self.mlp(self.norm2(x)), attn, key_grid, normed
+
+    def parts(self, normed: Tensor, grid: tuple[int, int], prefix: int) -> AttentionParts:
+        """How the heads write, from the first norm's output."""
+        return AttentionParts(values=self.attn.values(normed, grid, prefix), weight=self.attn.proj.weight,
+                              bias=self.attn.proj.bias)
 
 
 class Stage(nn.Module):
@@ -188,9 +201,11 @@ class Stage(nn.Module):
         self.cls_token = nn.Parameter(torch.zeros(1, 1, s.embed_dim)) if s.cls_token else None
         self.blocks = nn.ModuleList([Block(stage=s, act=act) for _ in range(s.depth)])
 
-    def forward(self, fmap: Tensor, trace: list[BlockTrace] | None = None, index: int = 0, keep_normed: bool = False):
+    def forward(self, fmap: Tensor, trace: list[BlockTrace] | None = None, index: int = 0, keep_normed: bool = False,
+                decompose: bool = False, keep_attn: bool = True):
         """b c h w -> (b c' h' w' feature map, b 1 c' class token or None); appends to `trace` if given
-        (with each block's first-norm output if `keep_normed`)."""
+        (with each block's first-norm output if `keep_normed`, how its heads write if `decompose`, its attention
+        map unless not `keep_attn`)."""
         x = self.patch_embed(fmap)
         grid = (x.shape[2], x.shape[3])
         x = rearrange(x, 'b c h w -> b (h w) c')
@@ -198,11 +213,13 @@ class Stage(nn.Module):
         if self.cls_token is not None:
             x, prefix = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1), 1
         for block in self.blocks:
-            x, attn, key_grid, normed = block(x, grid, prefix, return_attn=trace is not None)
+            inputs = x
+            x, attn, key_grid, normed = block(x, grid, prefix, return_attn=trace is not None and keep_attn)
             if trace is not None:
                 trace.append(BlockTrace(attn=attn, tokens=x, stage=index, query_grid=grid, key_grid=key_grid,
                                         key_window=block.attn.kv_window, prefix_kinds=("cls",) * prefix,
-                                        normed=normed if keep_normed else None))
+                                        normed=normed if keep_normed else None, inputs=inputs,
+                                        parts=block.parts(normed, grid, prefix) if decompose else None))
         fmap = rearrange(x[:, prefix:], 'b (h w) c -> b c h w', h=grid[0], w=grid[1])
         return fmap, (x[:, :1] if prefix else None)
 
@@ -240,21 +257,47 @@ class CvT(nn.Module):
             x, cls = stage(x)
         return self.head(self.norm(cls[:, 0]))
 
+    def head_logits(self, x: Tensor) -> Tensor:
+        """Final-norm'd last-stage tokens -> logits: the class token through the classifier (as ViT's
+        `head_logits`, so the logit lens reads both models alike)."""
+        return self.head(x[:, 0])
+
     def pooled_logits(self, tokens: Tensor) -> Tensor:
         """A last-stage block's b n c tokens -> logits of their mean (class token included) through the final
         norm and the classifier: LeGrad's per-layer score."""
         return self.head(self.norm(tokens.mean(dim=1)))
 
-    def trace(self, pixels: Tensor, *, grad: bool = False) -> Trace:
+    def forward_from(self, index: int, tokens: Tensor, grid: tuple[int, int], *,
+                     attn_delta: Tensor | None = None) -> Tensor:
+        """The residual stream entering block `index` of `trace.blocks` (b n c on its stage's `grid`) -> logits:
+        the rest of the forward, for activation patching (`attn_delta` added to that block's attention
+        output); index = the number of blocks: the classifier alone."""
+        for s, stage in enumerate(self.stages):
+            if index < len(stage.blocks):
+                break
+            index -= len(stage.blocks)
+        else:
+            return self.head(self.norm(tokens[:, 0]))
+        prefix = int(stage.cls_token is not None)
+        for i, block in enumerate(stage.blocks[index:]):
+            tokens = block(tokens, grid, prefix, attn_delta=attn_delta if i == 0 else None)[0]
+        x, cls = rearrange(tokens[:, prefix:], 'b (h w) c -> b c h w', h=grid[0], w=grid[1]), tokens[:, :prefix]
+        for later in self.stages[s + 1:]:
+            x, cls = later(x)
+        return self.head(self.norm(cls[:, 0]))
+
+    def trace(self, pixels: Tensor, *, grad: bool = False, decompose: bool = False, attention: bool = True) -> Trace:
         """One forward pass that returns every attention map, block output and stage feature map.
 
         With grad=True the graph is kept, so `torch.autograd.grad(logit, trace.attentions)` works.
+        decompose=True: each block also keeps how its heads write (`BlockTrace.parts`). attention=False: no
+        attention maps (`attn` None) and the fused attention kernel, for work that reads only the tokens (CKA).
         """
         blocks, features = [], []
         with torch.set_grad_enabled(grad):
             x = pixels.detach().requires_grad_(True) if grad else pixels
             for i, stage in enumerate(self.stages):
-                x, cls = stage(x, trace=blocks, index=i, keep_normed=grad)
+                x, cls = stage(x, trace=blocks, index=i, keep_normed=grad, decompose=decompose, keep_attn=attention)
                 features.append(x)
             logits = self.head(self.norm(cls[:, 0]))
         input_size = (pixels.shape[2], pixels.shape[3])

@@ -76,6 +76,7 @@ class RelevanceRules:
 
 
 _ACTIVE: ContextVar[RelevanceRules | None] = ContextVar("vitviz_relevance_rules", default=None)
+_FROZEN_NORMS: ContextVar[bool] = ContextVar("vitviz_frozen_norms", default=False)
 
 
 @contextmanager
@@ -86,6 +87,18 @@ def relevance_rules(rules: RelevanceRules) -> Iterator[RelevanceRules]:
         yield rules
     finally:
         _ACTIVE.reset(token)
+
+
+@contextmanager
+def frozen_norm_scales() -> Iterator[None]:
+    """LayerNorms inside the block detach their standard deviation (values unchanged), so the gradient of
+    what follows a norm is the linear map with the norm's scale frozen at this pass's value: direct logit
+    attribution reads the classifier that way (this thread only; the relevance rules freeze it too)."""
+    token = _FROZEN_NORMS.set(True)
+    try:
+        yield
+    finally:
+        _FROZEN_NORMS.reset(token)
 
 
 def _stabilized(x: Tensor, epsilon: float) -> Tensor:
@@ -201,10 +214,10 @@ def _linear_transpose(grad: Tensor, weight: Tensor) -> Tensor:
 
 
 class LayerNorm(nn.LayerNorm):
-    """nn.LayerNorm; under relevance rules, with its standard deviation detached."""
+    """nn.LayerNorm; under relevance rules or `frozen_norm_scales`, with its standard deviation detached."""
 
     def forward(self, x: Tensor) -> Tensor:
-        if _ACTIVE.get() is None:
+        if _ACTIVE.get() is None and not _FROZEN_NORMS.get():
             return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
         centred = x - x.mean(dim=-1, keepdim=True)
         std = (centred.pow(2).mean(dim=-1, keepdim=True) + self.eps).sqrt()

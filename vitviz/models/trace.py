@@ -29,8 +29,18 @@ class Embedding:
 
 
 @dataclass
+class AttentionParts:
+    """How a block's heads write into the residual stream (TransformerLens' names in brackets), for
+    decompositions: kept by traces made with decompose=True."""
+
+    values: Tensor   # b h nk d (v): head h's output at query q is z = attn[:, h, q] @ values[:, h]
+    weight: Tensor   # c (h d) (W_O, LayerScale folded in): the heads' outputs z write z @ weight.T ...
+    bias: Tensor     # c (b_O, LayerScale folded in): ... + bias, the attention's whole output
+
+
+@dataclass
 class BlockTrace:
-    attn: Tensor                   # b h nq nk, post-softmax
+    attn: Tensor | None            # b h nq nk, post-softmax (None from trace(..., attention=False))
     tokens: Tensor                 # b n c, the block's output (prefix tokens first)
     stage: int                     # index into Trace.embeddings
     query_grid: tuple[int, int]
@@ -39,6 +49,9 @@ class BlockTrace:
     prefix_kinds: tuple[str, ...]  # 'cls', 'dist', 'reg' tokens in front of the grid tokens
     normed: Tensor | None = None   # b n c, the first LayerNorm's output (what the attention reads; Grad-CAM's
                                    # layer), kept by traces made with grad=True only
+    inputs: Tensor | None = None   # b n c, the tokens the block read (resid_pre; `tokens` is resid_post): the
+                                   # previous block's output, or for a stage's first block its embedding
+    parts: AttentionParts | None = None   # kept by traces made with decompose=True only
 
     @property
     def prefix(self) -> int:

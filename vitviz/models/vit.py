@@ -1,8 +1,11 @@
-"""Vision Transformer (Dosovitskiy et al. 2020), with DeiT distillation and register tokens.
+"""Vision Transformer (Dosovitskiy et al. 2020), with DeiT distillation, register tokens and CLIP's image tower.
 
 Parameter names are timm's (`patch_embed.proj`, `blocks.i.attn.qkv`, `norm`, `head`, ...), so a
 timm `VisionTransformer` / `VisionTransformerDistilled` state dict loads 1:1. The layers come from
-`relevance.py`: torch's own, unless relevance rules (AttnLRP) are switched on for one pass.
+`relevance.py`: torch's own, unless relevance rules (AttnLRP) are switched on for one pass. CLIP's
+image tower (Radford et al. 2021) is this ViT with a LayerNorm before the blocks, LayerNorm eps 1e-5,
+no patch-embedding bias and, for OpenAI's weights, QuickGELU (timm's `vit_*_clip_*` models); its
+projection into the joint space, the text tower and the zero-shot head live in `clip.py`.
 """
 from __future__ import annotations
 
@@ -13,10 +16,11 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from .relevance import GELU, GammaConv2d, GammaLinear, LayerNorm, attention_inputs
-from .trace import BlockTrace, Embedding, Trace, Window
+from .relevance import GELU, GammaConv2d, GammaLinear, LayerNorm, QuickGELU, attention_inputs
+from .trace import AttentionParts, BlockTrace, Embedding, Trace, Window
 
 LN_EPS = 1e-6
+ACTIVATIONS = {"gelu": GELU, "quick_gelu": QuickGELU}   # the MLP's, by timm's `act_layer` names
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,10 @@ class ViTConfig:
     global_pool: str = "token"     # 'token' (class token) or 'avg' (mean of the patch tokens)
     fc_norm: bool | None = None    # None: timm's rule, final norm after pooling iff global_pool == 'avg'
     init_values: float | None = None  # LayerScale
+    # CLIP's image tower (timm's `vit_*_clip_*`, open_clip's VisionTransformer)
+    pre_norm: bool = False         # a LayerNorm before the first block (timm `norm_pre`); no patch-embedding bias then
+    act: str = "gelu"              # 'gelu', or 'quick_gelu' x sigmoid(1.702 x) (OpenAI's CLIP weights)
+    ln_eps: float = LN_EPS         # CLIP's LayerNorms: 1e-5
 
     def __post_init__(self):
         object.__setattr__(self, "img_size", tuple(self.img_size))
@@ -44,6 +52,8 @@ class ViTConfig:
             raise ValueError(f"global_pool must be 'token' or 'avg', not {self.global_pool!r}")
         if self.global_pool == "token" and not self.class_token:
             raise ValueError("global_pool='token' needs a class token")
+        if self.act not in ACTIVATIONS:
+            raise ValueError(f"act must be one of {sorted(ACTIVATIONS)}, not {self.act!r}")
         if self.embed_dim % self.num_heads:
             raise ValueError(f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}")
 
@@ -91,6 +101,12 @@ class Attention(nn.Module):
             attn, out = None, F.scaled_dot_product_attention(q, k, v)
         return self.proj(rearrange(out, 'b h n d -> b n (h d)')), attn
 
+    def values(self, x: Tensor) -> Tensor:
+        """b n c -> b h n d: the values alone, as forward computes them (for decompositions)."""
+        dim = self.proj.in_features
+        bias = None if self.qkv.bias is None else self.qkv.bias[2 * dim:]
+        return rearrange(F.linear(x, self.qkv.weight[2 * dim:], bias), 'b n (h d) -> b h n d', h=self.heads)
+
 
 class LayerScale(nn.Module):
     def __init__(self, *, dim: int, init_values: float):
@@ -102,10 +118,10 @@ class LayerScale(nn.Module):
 
 
 class Mlp(nn.Module):
-    def __init__(self, *, dim: int, hidden_dim: int):
+    def __init__(self, *, dim: int, hidden_dim: int, act: str = "gelu"):
         super().__init__()
         self.fc1 = GammaLinear(dim, hidden_dim)
-        self.act = GELU()
+        self.act = ACTIVATIONS[act]()
         self.fc2 = GammaLinear(hidden_dim, dim)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -113,30 +129,40 @@ class Mlp(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, *, dim: int, heads: int, mlp_ratio: float, qkv_bias: bool, init_values: float | None):
+    def __init__(self, *, dim: int, heads: int, mlp_ratio: float, qkv_bias: bool, init_values: float | None,
+                 act: str = "gelu", eps: float = LN_EPS):
         super().__init__()
         scale = (lambda: LayerScale(dim=dim, init_values=init_values)) if init_values else nn.Identity
-        self.norm1 = LayerNorm(dim, eps=LN_EPS)
+        self.norm1 = LayerNorm(dim, eps=eps)
         self.attn = Attention(dim=dim, heads=heads, qkv_bias=qkv_bias)
         self.ls1 = scale()
-        self.norm2 = LayerNorm(dim, eps=LN_EPS)
-        self.mlp = Mlp(dim=dim, hidden_dim=int(dim * mlp_ratio))
+        self.norm2 = LayerNorm(dim, eps=eps)
+        self.mlp = Mlp(dim=dim, hidden_dim=int(dim * mlp_ratio), act=act)
         self.ls2 = scale()
 
-    def forward(self, x: Tensor, return_attn: bool = False,
-                queries: int | None = None) -> tuple[Tensor, Tensor | None, Tensor]:
+    def forward(self, x: Tensor, return_attn: bool = False, queries: int | None = None,
+                attn_delta: Tensor | None = None) -> tuple[Tensor, Tensor | None, Tensor]:
         """-> (output tokens, attention or None, first norm's output); queries: compute only the first that
-        many tokens' outputs (all by default)."""
+        many tokens' outputs (all by default); attn_delta: added to the attention's output (activation patching)."""
         normed = self.norm1(x)
         out, attn = self.attn(normed, return_attn, queries)
         x = x[:, :queries] + self.ls1(out)
+        if attn_delta is not None:
+            x = x + attn_delta[:, :queries]
         return x + self.ls2(self.mlp(self.norm2(x))), attn, normed
+
+    def parts(self, normed: Tensor) -> AttentionParts:
+        """How the heads write, from the first norm's output (LayerScale folded into the projection)."""
+        weight, bias = self.attn.proj.weight, self.attn.proj.bias
+        if isinstance(self.ls1, LayerScale):
+            weight, bias = self.ls1.gamma[:, None] * weight, self.ls1.gamma * bias
+        return AttentionParts(values=self.attn.values(normed), weight=weight, bias=bias)
 
 
 class PatchEmbed(nn.Module):
-    def __init__(self, *, patch_size: int, in_chans: int, dim: int):
+    def __init__(self, *, patch_size: int, in_chans: int, dim: int, bias: bool = True):
         super().__init__()
-        self.proj = GammaConv2d(in_chans, dim, kernel_size=patch_size, stride=patch_size)
+        self.proj = GammaConv2d(in_chans, dim, kernel_size=patch_size, stride=patch_size, bias=bias)
 
     def forward(self, pixels: Tensor) -> Tensor:
         return self.proj(pixels)   # b c h w
@@ -148,18 +174,20 @@ class ViT(nn.Module):
         c = self.config = config
         self.num_prefix = len(c.prefix_kinds)
         self.grid = (c.img_size[0] // c.patch_size, c.img_size[1] // c.patch_size)
-        self.patch_embed = PatchEmbed(patch_size=c.patch_size, in_chans=c.in_chans, dim=c.embed_dim)
+        self.patch_embed = PatchEmbed(patch_size=c.patch_size, in_chans=c.in_chans, dim=c.embed_dim,
+                                      bias=not c.pre_norm)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, c.embed_dim)) if c.class_token else None
         self.dist_token = nn.Parameter(torch.zeros(1, 1, c.embed_dim)) if c.dist_token else None
         self.reg_token = nn.Parameter(torch.zeros(1, c.reg_tokens, c.embed_dim)) if c.reg_tokens else None
         pos_slots = self.grid[0] * self.grid[1] + (0 if c.no_embed_class else self.num_prefix)
         self.pos_embed = nn.Parameter(torch.randn(1, pos_slots, c.embed_dim) * 0.02)
+        self.norm_pre = LayerNorm(c.embed_dim, eps=c.ln_eps) if c.pre_norm else nn.Identity()
         self.blocks = nn.ModuleList([
             Block(dim=c.embed_dim, heads=c.num_heads, mlp_ratio=c.mlp_ratio, qkv_bias=c.qkv_bias,
-                  init_values=c.init_values)
+                  init_values=c.init_values, act=c.act, eps=c.ln_eps)
             for _ in range(c.depth)])
-        self.norm = nn.Identity() if c.use_fc_norm else LayerNorm(c.embed_dim, eps=LN_EPS)
-        self.fc_norm = LayerNorm(c.embed_dim, eps=LN_EPS) if c.use_fc_norm else nn.Identity()
+        self.norm = nn.Identity() if c.use_fc_norm else LayerNorm(c.embed_dim, eps=c.ln_eps)
+        self.fc_norm = LayerNorm(c.embed_dim, eps=c.ln_eps) if c.use_fc_norm else nn.Identity()
         self.head = GammaLinear(c.embed_dim, c.num_classes) if c.num_classes else nn.Identity()
         self.head_dist = (GammaLinear(c.embed_dim, c.num_classes) if c.num_classes else nn.Identity()) \
             if c.dist_token else None
@@ -175,7 +203,7 @@ class ViT(nn.Module):
                 nn.init.zeros_(m.bias) if m.bias is not None else None
 
     def embed(self, pixels: Tensor) -> tuple[Tensor, tuple[int, int]]:
-        """pixels -> tokens [prefix..., patches] with positions, and the patch grid."""
+        """pixels -> tokens [prefix..., patches] with positions (through `norm_pre`), and the patch grid."""
         x = self.patch_embed(pixels)
         grid = (x.shape[2], x.shape[3])
         x = rearrange(x, 'b c h w -> b (h w) c')
@@ -183,9 +211,8 @@ class ViT(nn.Module):
                   if t is not None]
         no_embed_class = self.config.no_embed_class
         pos = resample_pos_embed(self.pos_embed, grid, self.grid, 0 if no_embed_class else self.num_prefix)
-        if no_embed_class:
-            return torch.cat(prefix + [x + pos], dim=1), grid
-        return torch.cat(prefix + [x], dim=1) + pos, grid
+        tokens = torch.cat(prefix + [x + pos], dim=1) if no_embed_class else torch.cat(prefix + [x], dim=1) + pos
+        return self.norm_pre(tokens), grid
 
     def pre_logits(self, x: Tensor) -> Tensor:
         """Final-norm'd tokens -> what the classifier reads, b c (timm's `forward_head(pre_logits=True)`): the
@@ -227,11 +254,24 @@ class ViT(nn.Module):
             x, _, _ = block(x, queries=read if i == len(self.blocks) - 1 else None)
         return self.head_logits(self.norm(x))
 
-    def trace(self, pixels: Tensor, *, grad: bool = False) -> Trace:
+    def forward_from(self, index: int, tokens: Tensor, grid: tuple[int, int] | None = None, *,
+                     attn_delta: Tensor | None = None) -> Tensor:
+        """The residual stream entering block `index` (b n c) -> logits: the rest of the forward, for activation
+        patching (`attn_delta` added to that block's attention output); index = depth: the classifier alone.
+        `grid` is not needed (CvT's is). As in `forward`, the last block computes only the rows the head reads."""
+        read = None if self.config.global_pool == "avg" else 1 + self.config.dist_token
+        for i in range(index, len(self.blocks)):
+            tokens, _, _ = self.blocks[i](tokens, queries=read if i == len(self.blocks) - 1 else None,
+                                          attn_delta=attn_delta if i == index else None)
+        return self.head_logits(self.norm(tokens))
+
+    def trace(self, pixels: Tensor, *, grad: bool = False, decompose: bool = False, attention: bool = True) -> Trace:
         """One forward pass that returns every attention map and block output.
 
         With grad=True the graph is kept, so `torch.autograd.grad(logit, trace.attentions)` works. A model
-        without a classifier has no logits (b 0): its output is `trace.pooled`.
+        without a classifier has no logits (b 0): its output is `trace.pooled`. decompose=True: each block
+        also keeps how its heads write (`BlockTrace.parts`, for direct logit attribution). attention=False: no
+        attention maps (`attn` None) and the fused attention kernel, for work that reads only the tokens (CKA).
         """
         with torch.set_grad_enabled(grad):
             if grad:
@@ -239,10 +279,12 @@ class ViT(nn.Module):
             x, grid = self.embed(pixels)
             blocks = []
             for block in self.blocks:
-                x, attn, normed = block(x, return_attn=True)
+                inputs = x
+                x, attn, normed = block(x, return_attn=attention)
                 blocks.append(BlockTrace(attn=attn, tokens=x, stage=0, query_grid=grid, key_grid=grid,
                                          key_window=Window(1, 1, 0), prefix_kinds=self.config.prefix_kinds,
-                                         normed=normed if grad else None))
+                                         normed=normed if grad else None, inputs=inputs,
+                                         parts=block.parts(normed) if decompose else None))
             final = self.norm(x)
             pooled = self.pre_logits(final)
             logits = self.head_logits(final) if self.config.num_classes else pooled.new_zeros(pooled.shape[0], 0)

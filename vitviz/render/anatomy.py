@@ -15,8 +15,6 @@ import cv2
 import numpy as np
 import torch
 from einops import rearrange
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 
 from ..explain.artefacts import OUTLIER_Z, outliers
 from ..models import CvT, ViT
@@ -95,10 +93,10 @@ def position_similarity(pos_embed, grid: tuple[int, int]) -> np.ndarray:
     return rearrange(unit @ unit.T, '(i j) (k l) -> i j k l', i=grid[0], k=grid[0])
 
 
-def position_tiles(model: ViT | CvT, *, cmap: str = "viridis", side: int = 640) -> np.ndarray:
-    """Position-embedding similarity tiles (ViT paper, fig. 7 centre) with a colour bar over [-1, 1];
-    for a CvT, a panel saying why there is nothing to show."""
-    found = position_embedding(model)
+def position_tiles(found: tuple[np.ndarray, tuple[int, int]] | None, *, cmap: str = "viridis",
+                   side: int = 640) -> np.ndarray:
+    """Position-embedding similarity tiles (ViT paper, fig. 7 centre) of `position_embedding`'s answer, with a
+    colour bar over [-1, 1]; for a CvT (None), a panel saying why there is nothing to show."""
     if found is None:
         return _message_panel(["CvT has no position embedding.",
                                "Its tokens know where they are from the",
@@ -125,7 +123,8 @@ def _message_panel(lines: Sequence[str], side: int) -> np.ndarray:
     return panel
 
 
-def _figure_to_rgb(fig: Figure) -> np.ndarray:
+def _figure_to_rgb(fig) -> np.ndarray:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
     canvas = FigureCanvasAgg(fig)
     canvas.draw()
     return np.asarray(canvas.buffer_rgba())[..., :3].copy()
@@ -136,6 +135,7 @@ def attention_distance_plot(distances: Mapping[str, Sequence[Sequence[float]]], 
     """Mean attention distance of every head against depth (ViT paper, fig. 7 right), one colour per
     model. distances: model name -> per layer (forward order), the per-head distances (head counts
     may differ between layers, as in CvT's stages)."""
+    from matplotlib.figure import Figure   # matplotlib only where a plot is drawn
     fig = Figure(figsize=(6.4, 4.2), dpi=100)
     ax = fig.add_subplot()
     markers = "osD^v"
@@ -163,6 +163,7 @@ def faithfulness_plot(*, fractions, deletion: Mapping[str, Sequence[float]],
     (trapezoidal over `fractions`). Curves whose name contains 'random' are drawn as grey dashes.
     Deletion: lower is better; insertion: higher is better."""
     x = np.asarray(fractions, dtype=float)
+    from matplotlib.figure import Figure   # matplotlib only where a plot is drawn
     fig = Figure(figsize=(8.0, 3.6), dpi=100)
     for k, (title, curves, better) in enumerate((("deletion", deletion, "lower"), ("insertion", insertion, "higher"))):
         ax = fig.add_subplot(1, 2, k + 1)

@@ -5,7 +5,6 @@ from functools import lru_cache
 
 import cv2
 import numpy as np
-from matplotlib import colormaps
 
 from .canvas import Canvas, as_map
 from .captions import BLACK, STRIP, WHITE, Ink, put_text
@@ -18,6 +17,7 @@ SIGNED_CMAP = "bwr"        # for maps with a sign (relevance): red for, blue aga
 @lru_cache(maxsize=16)
 def colormap(name: str) -> np.ndarray:
     """256 x 3 uint8 lookup table of a matplotlib colour map ('viridis', 'inferno', 'turbo', ...)."""
+    from matplotlib import colormaps   # read once per map (cached): the import is kept off the app's start
     if name not in colormaps:
         raise ValueError(f"unknown colour map {name!r}: try 'inferno', 'viridis', 'cividis' or 'turbo'")
     lut = colormaps[name].resampled(256)(np.arange(256))[:, :3]

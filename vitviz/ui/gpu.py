@@ -1,0 +1,216 @@
+"""The boundary to the models: the only functions of the app that run a model, and the only ones
+`spaces.GPU` decorates.
+
+On a ZeroGPU Space each call runs in a forked worker process that holds a GPU: its arguments and its
+result cross by pickle, and whatever it writes into module state stays in the worker. So every
+function here takes plain arguments (model names, pixels, map requests) and *returns* what it
+computed as detached fp32 CPU tensors or arrays, stacked per model; the app's process keeps them
+(`store.py`). Models cross by name, never as objects: each process loads what it asks for into its
+own cache (`hub.load`), and the page's default pair is placed on the device at start (`place`), which
+is what ZeroGPU moves to each worker's GPU. A message a person must read is raised as `gr.Error`:
+ZeroGPU relays only its words (any other exception reaches the page as its class name).
+
+Elsewhere (a CPU machine, a GPU Space) `spaces.GPU` changes nothing and these are plain calls.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import gradio as gr
+import numpy as np
+import torch
+
+from .. import compare, explain, hub, render
+from ..image import ImageError, read_image
+from ..models.trace import Trace
+from ..session import MODEL_GATE, MapRequest, class_map, decode_side, faithfulness_scores, trace_batch
+
+try:   # on a ZeroGPU Space app.py imported it before torch; where it is not installed, nothing changes
+    import spaces
+except ImportError:
+    spaces = None
+
+ZERO_GPU = spaces is not None and spaces.config.Config.zero_gpu   # a ZeroGPU Space (SPACES_ZERO_GPU=true)
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+LOCAL_ALLOWED: set[str] = set()   # local folders the server owner named on the command line (set before launch)
+STARTING: set[str] = set()        # the default models while the server is still loading them
+# Seconds each call may hold a ZeroGPU GPU (ZeroGPU's default: 60). A visitor is scheduled only with that
+# much of their daily quota left, and shorter bounds queue first; the time used is what is charged. The GPU
+# work is a few passes of the two models (faithfulness: 4 x (steps + 1) forwards), a worker's start (it moves
+# the models to its GPU) and, for a trace, loading a model that is not in memory, perhaps from the Hub.
+TRACE_S, TRACE_LOADING_S, MAPS_S, FAITHFULNESS_S = 15, 60, 15, 30
+# the Compare tab: the logit lens (a traced forward each); CKA over up to 256 uploads (decoding them, and a traced
+# forward of each model per batch of 64)
+LENS_S, CKA_S = 15, 90
+
+
+def gpu(*, duration):
+    """`spaces.GPU(duration=...)`: on ZeroGPU the call runs in a worker holding a GPU for at most `duration`
+    seconds (a number, or a function of the call's arguments); elsewhere the function is returned as it is."""
+    return spaces.GPU(duration=duration) if spaces is not None else lambda fn: fn
+
+
+@dataclass(frozen=True)
+class Traced:
+    """One model's traced forward on the picture, as it crosses back: its card (`LoadedModel.card`: names,
+    labels, preprocessing, no weights), its 1 3 h w pixels and trace (fp32, CPU), and what the Anatomy tab
+    draws of its weights: the first pixel convolution's filters (d 3 k k) and the position embeddings
+    with their grid (None for a CvT)."""
+    card: hub.LoadedModel
+    pixels: torch.Tensor
+    trace: Trace
+    filters: np.ndarray
+    positions: tuple[np.ndarray, tuple[int, int]] | None
+
+
+def load_model(name: str, progress=None) -> hub.LoadedModel:
+    """A model the page asked for: catalog names and Hub ids; local folders only if the owner named them.
+    One the server is still loading since it started is waited for, never loaded a second time."""
+    name = (name or "").strip()
+    if not name:
+        raise gr.Error("Choose a model for both columns.")
+    if progress is not None and name in STARTING:
+        progress(0.0, f"waiting for {name}, which the server has been loading since it started")
+    try:
+        return hub.load(name, device=DEVICE, progress=progress, allow_local=name in LOCAL_ALLOWED)
+    except hub.LoadError as e:
+        raise gr.Error(str(e)) from None
+
+
+def place(names) -> None:
+    """Load the page's default models onto the device, as the server starts (ZeroGPU moves what is on 'cuda'
+    at launch to each worker's GPU). A model that cannot be loaded is left for the first call to explain."""
+    STARTING.update(names)
+    for name in names:
+        try:
+            hub.load(name, device=DEVICE, allow_local=name in LOCAL_ALLOWED)
+        except hub.LoadError:
+            pass   # the first Explain that asks for it tries again and says why
+        finally:
+            STARTING.discard(name)
+
+
+def trace_seconds(upload, names, prompts=None, progress=None) -> int:
+    """A trace's GPU time: two traced forwards, and loading (perhaps downloading) a model not in memory."""
+    return TRACE_S if set(names) <= set(hub.CACHE.names()) else TRACE_LOADING_S
+
+
+def _models(names, progress=None, prompts: list[str] | None = None) -> list[hub.LoadedModel]:
+    """The models `names` in this process; a CLIP model among them as a classifier over `prompts` (none: its
+    image tower alone, a model without a classifier)."""
+    return [prompted(load_model(name, progress), prompts) for name in names]
+
+
+def prompted(model: hub.LoadedModel, prompts: list[str] | None) -> hub.LoadedModel:
+    if not prompts or not model.takes_prompts:
+        return model
+    try:
+        return model.with_prompts(prompts)
+    except hub.LoadError as e:
+        raise gr.Error(str(e)) from None
+
+
+@gpu(duration=trace_seconds)
+def trace(upload: str, names: list[str], prompts: list[str] | None = None, progress=gr.Progress()) -> tuple:
+    """Read the uploaded file at `upload` (every check of `read_image`, decoded no larger than the models and
+    views need) and trace each model once on it (a CLIP model as a classifier over `prompts`) -> (the
+    picture, a `Traced` per model)."""
+    loaded = _models(names, lambda f, d: progress(0.6 * f, desc=d), prompts)
+    progress(0.6, desc="reading the image")
+    try:
+        picture = read_image(upload, target_size=decode_side(loaded))
+    except ImageError as e:
+        raise gr.Error(str(e)) from None
+    progress(0.7, desc="running both models")
+    traced = []
+    for model in loaded:
+        pixels = model.preprocess(picture)
+        traced.append(Traced(card=model.card(), pixels=pixels.cpu(), trace=trace_batch(model, pixels)[0],
+                             filters=render.embedding_filters(model.model),
+                             positions=render.position_embedding(model.model)))
+    return picture, traced
+
+
+@gpu(duration=MAPS_S)
+def class_maps(names: list[str], pixels: list[torch.Tensor], requests: list[list[MapRequest]],
+               prompts: list[str] | None = None) -> list[np.ndarray]:
+    """The maps each model is asked for (`requests[i]` of model `names[i]` on `pixels[i]`; a forward and a
+    backward each; CLIP over `prompts`) -> per model one array, len(requests[i]) gh gw float32."""
+    stacked = []
+    for model, image, asked in zip(_models(names, prompts=prompts), pixels, requests):
+        image = image.to(model.device)
+        maps = [in_words(class_map, model.model, image, request) for request in asked]
+        stacked.append(np.stack(maps) if maps else np.zeros((0, 0, 0), np.float32))
+    return stacked
+
+
+@gpu(duration=FAITHFULNESS_S)
+def faithfulness(names: list[str], pixels: list[torch.Tensor], maps: list[np.ndarray], targets: list[int],
+                 steps: int, prompts: list[str] | None = None) -> list[dict]:
+    """Deletion and insertion curves of each model's map (and of a random order) for class `targets[i]`,
+    their AUCs: plain lists and floats (`session.faithfulness_scores`; CLIP over `prompts`)."""
+    curves = []
+    for model, image, values, target in zip(_models(names, prompts=prompts), pixels, maps, targets):
+        curves += in_words(faithfulness_scores, model.model, image.to(model.device), [values], [target], steps=steps)
+    return curves
+
+
+@dataclass(frozen=True)
+class Lens:
+    """One classifier's logit lens on the picture, as it crosses back (CPU; L: the blocks the lens reads,
+    `explain.lens_layers`): the probability of its final class after each block (L, fp32), and each grid
+    token's top class and its probability (L gh gw each)."""
+    final_class: np.ndarray
+    top_class: np.ndarray
+    top_prob: np.ndarray
+
+
+@gpu(duration=LENS_S)
+def lens(names: list[str], pixels: list[torch.Tensor], prompts: list[str] | None = None) -> list[Lens]:
+    """The logit lens of each model (a classifier) on its pixels: a traced forward, then every lens block through
+    the model's own final norm and head (`explain.final_class_probability`, `explain.patch_top_class`)."""
+    readings = []
+    for model, image in zip(_models(names, prompts=prompts), pixels):
+        with MODEL_GATE(), torch.inference_mode():
+            trace = model.model.trace(image.to(model.device), attention=False)   # the lens reads only the tokens
+            final = in_words(explain.final_class_probability, model.model, trace)[0]
+            tops = [in_words(explain.patch_top_class, model.model, trace, block)
+                    for block in explain.lens_layers(trace)]
+        readings.append(Lens(final_class=final.float().cpu().numpy(),
+                             top_class=torch.cat([top for top, _ in tops]).cpu().numpy(),
+                             top_prob=torch.cat([prob for _, prob in tops]).float().cpu().numpy()))
+    return readings
+
+
+def cka_seconds(names, uploads, tokens, progress=None) -> int:
+    """CKA's GPU time: decoding the uploads and both models over them, and loading a model not in memory."""
+    return CKA_S + (0 if set(names) <= set(hub.CACHE.names()) else TRACE_LOADING_S)
+
+
+@gpu(duration=cka_seconds)
+def cka(names: list[str], uploads: list[str], tokens: str, progress=gr.Progress()) -> compare.CKAResult:
+    """Read each uploaded file (every check of `read_image`; a file that fails is named) and compute minibatch
+    CKA between every layer of both models over them (`compare.cka_of_images`): float64 matrices."""
+    loaded = _models(names, lambda f, d: progress(0.1 * f, desc=d))
+    side = decode_side(loaded)
+    images = []
+    for k, upload in enumerate(uploads):
+        progress(0.1 + 0.2 * k / len(uploads), desc=f"reading image {k + 1} of {len(uploads)}")
+        try:
+            images.append(read_image(upload, target_size=side))
+        except ImageError as e:
+            raise gr.Error(f"{Path(upload).name}: {e}") from None
+    with MODEL_GATE():
+        return in_words(compare.cka_of_images, loaded, images, tokens=tokens,
+                        progress=lambda f, d: progress(0.3 + 0.7 * f, desc=d))
+
+
+def in_words(fn, *args, **kwargs):
+    """`fn`'s ValueError (a request a model cannot answer: a class it lacks, say) as the gr.Error whose words
+    the page shows (and ZeroGPU relays)."""
+    try:
+        return fn(*args, **kwargs)
+    except ValueError as e:
+        raise gr.Error(str(e)) from None
+

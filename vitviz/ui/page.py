@@ -1,0 +1,219 @@
+"""The page: the input image, the two model boxes, the one-click pairs, Explain, and the first screen
+that answers (both models' predictions, their rollout maps and what the two agree on), with the tabs
+under it, grouped by the question each answers."""
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import NamedTuple
+
+import gradio as gr
+
+from .. import catalog, hub
+from ..render import DEFAULT_CMAP, per_uniform, shared_scale
+from ..preprocess import PROMPT_TEMPLATE, prompts_from_text
+from ..session import MODEL_GATE, agreement
+from . import anatomy, attention, classes, download, features, gpu, tokens
+from . import compare as compare_tab   # build() names its comparison line `compare`
+from .shared import HIDDEN, INSTANT, MODEL_EVENTS, SESSIONS, Page, as_files, runs
+from .store import Session
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted(str(p) for p in (ROOT / "assets").glob("*.jpg"))
+CMAPS = ["viridis", "inferno", "turbo", "magma"]
+DEFAULT_PROMPTS = "dog, cat, ball, grass"   # what a CLIP model looks for until a person types otherwise
+# the top-level tabs, in the order of the questions a newcomer asks; where a one-click pair opens (default: attention)
+TABS = ("tokens", "attention", "classes", "features", "anatomy", "compare", "download")
+PAIR_TABS = {"DINOv2 vs DINOv2 with registers": ("tokens", "registers")}
+
+
+class Answer(NamedTuple):
+    """What an Explain shows on the first screen, in the order of its outputs (the session key is a State)."""
+    key: str
+    label_a: dict | str
+    label_b: dict | str
+    map_a: object
+    map_b: object
+    comparison: str
+    point: tuple[float, float] | None = None   # the clicked token: none yet on a new image
+
+
+def upload_path(payload) -> str:
+    """The uploaded file's path (the event skips Gradio's own decoding, so vitviz checks the file first)."""
+    if payload is None:
+        raise gr.Error("Upload an image first, or click one of the examples.")
+    return payload["path"] if isinstance(payload, dict) else str(payload)
+
+
+def predictions(run) -> dict[str, float] | str:
+    """The predictions panel: the top 5 (a CLIP model: its zero-shot probabilities over the prompts), or, for a
+    model without a classifier, a line that says so."""
+    if run.loaded.takes_prompts and not run.has_classifier:
+        return f"{run.name}: type what to look for (comma separated) to get predictions"
+    if not run.has_classifier:
+        return f"{run.name}: no classifier, so no predictions"
+    return {p.label: p.prob for p in run.top(5)}
+
+
+def prompts_of(text) -> list[str]:
+    """What a person typed in the prompt box -> CLIP prompts ("dog, ball" -> "a photo of a dog", ...)."""
+    try:
+        return prompts_from_text(text or "")
+    except ValueError as e:
+        raise gr.Error(str(e)) from None
+
+
+def prompt_box(model_a, model_b) -> gr.Textbox:
+    """The prompt box, shown while a catalog CLIP model is chosen (a CLIP model by Hub id shows it once
+    explained)."""
+    return gr.Textbox(visible=any(takes_prompts(name) for name in (model_a, model_b)))
+
+
+def takes_prompts(name) -> bool:
+    entry = catalog.CATALOG.get((name or "").strip())
+    return bool(entry and entry.takes_prompts)
+
+
+def comparison(runs_, maps) -> str:
+    a, b = runs_
+    rho = agreement(a, b, *maps)
+    headless = [run.name for run in runs_ if not run.has_classifier]
+    if headless:
+        verdict = (f"{' and '.join(headless)} {'has' if len(headless) == 1 else 'have'} no classifier (self-supervised), "
+                   f"so there are no classes to compare; the tabs *Attention*, *Features* and *Tokens* show what "
+                   f"needs no class.")
+    elif a.top(1)[0].label == b.top(1)[0].label:
+        verdict = f"Both predict **{a.top(1)[0].label}**."
+    else:
+        verdict = f"They disagree: {a.name} says **{a.top(1)[0].label}**, {b.name} says **{b.top(1)[0].label}**."
+    agree = ("Their rollout maps cannot be compared on this image." if rho is None else
+             f"Their attention rollout maps agree with a rank correlation of **{rho:.2f}** "
+             f"(Spearman, over the image region both models saw; 1 = same ordering, 0 = unrelated).")
+    return f"{verdict} {agree}"
+
+
+def render_maps(key, cmap=DEFAULT_CMAP, mode="bilinear", style="heatmap", shared=False) -> tuple:
+    """The rollout panels (colour map, upsampling, style, one colour scale or two) and the comparison line."""
+    runs_ = runs(key)
+    maps = [run.token_map("rollout") for run in runs_]
+    values = [per_uniform(m) for m in maps] if shared else maps
+    scale = shared_scale(*values) if shared else None
+    views = [run.map_view("rollout", values=v, scale=scale, cmap=cmap, mode=mode, style=style)
+             for run, v in zip(runs_, values)]
+    return (*views, comparison(runs_, maps))
+
+
+def explain(image, model_a, model_b, prompts=DEFAULT_PROMPTS, progress=gr.Progress()) -> Answer:
+    """The one-click run: both models once on the image (`gpu.trace`; a CLIP model over the prompts typed,
+    comma separated); the predictions, the rollout maps and the comparison. The tabs draw from the kept
+    session afterwards."""
+    prompts = prompts_of(prompts)
+    picture, traced = gpu.trace(upload_path(image), [model_a, model_b], prompts, progress=progress)
+    key = SESSIONS.put(Session.from_traced(picture, traced, [model_a, model_b], prompts))
+    progress(0.9, desc="drawing")
+    map_a, map_b, compare = render_maps(key)
+    a, b = runs(key)
+    return Answer(key, predictions(a), predictions(b), map_a, map_b, compare)
+
+
+def choose_pair(title: str):
+    """A one-click pair of `catalog.PAIRS`: both model boxes, and the tab that shows what the pair is for."""
+    outer, inner = PAIR_TABS.get(title, ("attention", None))
+    return (*catalog.PAIRS[title], gr.Tabs(selected=outer)) + ((gr.Tabs(selected=inner),) if inner else (gr.skip(),))
+
+
+def stats() -> dict:
+    """The server's load, for its owner and the reliability tests: model passes (running now, most ever at
+    once, total), kept sessions and loaded models against their bounds."""
+    return {"model_slots": MODEL_GATE.slots, "model_running": MODEL_GATE.running, "model_peak": MODEL_GATE.peak,
+            "model_passes": MODEL_GATE.passes, "sessions": len(SESSIONS), "sessions_max": SESSIONS.capacity,
+            "models_loaded": len(hub.CACHE.names()), "models_max": hub.CACHE.max_models}
+
+
+INTRO = ("## vitviz: see inside vision transformers\n"
+         "Upload a photo (or click an example), pick two models, press **Explain**: what each predicts and where its "
+         "attention flows (rollout); hatched: what a model never saw. The tabs below answer the next questions.")
+
+
+def build(vit: str, cvt: str, notice: str = "") -> gr.Blocks:
+    """The page, opening with the models `vit` and `cvt` (and `notice` above them when not empty)."""
+    choices = list(catalog.CATALOG)
+    with gr.Blocks(title="vitviz: see inside vision transformers", analytics_enabled=False) as demo:
+        gr.Markdown(INTRO, elem_id="intro")
+        gr.Markdown(notice, visible=bool(notice), elem_id="notice")
+        key, point = gr.State(None), gr.State(None)
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=2, min_width=240):
+                image = gr.Image(label="image (click it to pick a token)", type="filepath", height=230,
+                                 sources=["upload", "clipboard", "webcam"], elem_id="input-image")
+            with gr.Column(scale=5, min_width=300):
+                with gr.Row():
+                    model_a = gr.Dropdown(choices, value=vit, allow_custom_value=True, label="left model",
+                                          info="a catalog name or a Hub id (owner/name)", scale=2)
+                    model_b = gr.Dropdown(choices, value=cvt, allow_custom_value=True, label="right model",
+                                          info="the same: the two are compared", scale=2)
+                    run = gr.Button("Explain", variant="primary", elem_id="explain", scale=1)
+                prompts = gr.Textbox(DEFAULT_PROMPTS, label="what to look for, comma separated (CLIP models)",
+                                     info=f"each becomes a prompt \"{PROMPT_TEMPLATE.format('...')}\"; the "
+                                     "predictions are the zero-shot probabilities over them",
+                                     visible=takes_prompts(vit) or takes_prompts(cvt), elem_id="prompts")
+                with gr.Row():
+                    pairs = {title: gr.Button(title, size="sm", elem_id=f"pair-{i}")
+                             for i, title in enumerate(catalog.PAIRS)}
+                gr.Examples(EXAMPLES, inputs=[image], label="example photos (licences in assets/README.md)",
+                            examples_per_page=12)
+                with gr.Accordion("colours of the rollout maps", open=False):
+                    with gr.Row():
+                        cmap = gr.Dropdown(CMAPS, value=DEFAULT_CMAP, label="colour map")
+                        mode = gr.Radio(["bilinear", "nearest"], value="bilinear", label="upsampling",
+                                        info="nearest shows each token's cell honestly")
+                        style = gr.Radio(["heatmap", "mask"], value="heatmap", label="style",
+                                         info="mask: the ViT paper's")
+                        shared = gr.Checkbox(label="one colour scale for both (multiples of uniform attention)")
+        compare = gr.Markdown(elem_id="comparison")
+        with gr.Row(equal_height=False):
+            label_a = gr.Label(num_top_classes=5, label="left: top 5", elem_id="label-a", min_width=200, scale=2)
+            map_a = gr.Image(label="left: attention rollout", interactive=False, height=240, elem_id="map-a",
+                             min_width=200, scale=3)
+            map_b = gr.Image(label="right: attention rollout", interactive=False, height=240, elem_id="map-b",
+                             min_width=200, scale=3)
+            label_b = gr.Label(num_top_classes=5, label="right: top 5", elem_id="label-b", min_width=200, scale=2)
+        with gr.Tabs(selected="attention", elem_id="tabs") as tabs:
+            page = Page(key=key, point=point, image=image, model_a=model_a, model_b=model_b, tabs=tabs)
+            token_parts = tokens.layout(page)
+            attention_parts = attention.layout(page)
+            class_parts = classes.layout(page)
+            features.layout(page)
+            anatomy.layout(page)
+            compare_parts = compare_tab.layout(page)
+            download.layout(page)
+
+        answer = [key, label_a, label_b, map_a, map_b, compare, point]
+        maps_inputs = [key, cmap, mode, style, shared]
+
+        def explained(event, public: bool = False) -> None:
+            """What follows an Explain: each tab draws what it shows without a click, so it is ready when opened
+            (the first Explain event documents the endpoints; the pairs' copies stay unlisted)."""
+            for tab in (token_parts, attention_parts, class_parts, compare_parts):
+                tab.explained(event, public)
+
+        explained(run.click(as_files(explain), inputs=[image, model_a, model_b, prompts], outputs=answer,
+                            api_name="explain", preprocess=False, **MODEL_EVENTS), public=True)
+        for title, button in pairs.items():
+            name = "_".join(catalog.PAIRS[title]).replace("-", "_")
+            chosen = button.click(functools.partial(choose_pair, title),
+                                  outputs=[model_a, model_b, tabs, token_parts.tabs], api_name=f"choose_{name}",
+                                  **INSTANT, **HIDDEN)
+            explained(chosen.success(as_files(explain), inputs=[image, model_a, model_b, prompts], outputs=answer,
+                                     api_name=f"explain_{name}", preprocess=False, **MODEL_EVENTS, **HIDDEN))
+        for i, control in enumerate((cmap, mode, style, shared)):
+            control.change(as_files(render_maps), inputs=maps_inputs, outputs=[map_a, map_b, compare],
+                           api_name="render_maps" if i == 0 else f"render_maps_{i}", **INSTANT,
+                           **({} if i == 0 else HIDDEN))
+        image.select(attention.pick_point, inputs=None, outputs=[point], api_name="pick_point", **INSTANT).then(
+            *attention_parts.on_point, **INSTANT, **HIDDEN).then(*token_parts.on_point, **INSTANT, **HIDDEN)
+        for listen in (model_a.change, model_b.change):
+            listen(prompt_box, inputs=[model_a, model_b], outputs=[prompts], **INSTANT, **HIDDEN)
+        gr.api(stats, api_name="stats", concurrency_limit=None)
+    return demo
+
