@@ -317,7 +317,8 @@ def test_the_api_page_lists_one_endpoint_per_computation_and_each_answers_from_a
                     "/render_tokens", "/render_norms", "/render_registers", "/render_gradients", "/render_faithfulness",
                     "/render_leaderboard", "/render_stages", "/render_features", "/render_anatomy", "/download",
                     "/pick_point", "/stats",
-                    "/render_lens", "/render_lens_layer", "/render_residual", "/render_cka", "/compute_cka"}
+                    "/render_lens", "/render_lens_layer", "/render_residual", "/render_cka", "/compute_cka",
+                    "/render_decide", "/patch_plan", "/patch"}
     assert set(api) == computations, sorted(set(api) ^ computations)
     result = client.predict(handle_file(str(PHOTO)), *PAIR, api_name="/explain")
     label_a, label_b, map_a, map_b, words = result
@@ -483,7 +484,7 @@ def test_a_person_uploads_runs_moves_a_slider_clicks_a_point_and_sees_an_error(s
 
 TOP_TABS = {"Tokens": "#tokens-tabs", "Attention": "#attention-tabs", "Explain a class": "#classes-tabs",
             "Features": "#features-tabs", "Anatomy": "#anatomy-note", "Compare": "#compare-tabs",
-            "Download": "#download-build"}   # a part of each
+            "What decides": "#decide-tabs", "Download": "#download-build"}   # a part of each
 
 
 def open_tab(page, name: str) -> None:
@@ -492,7 +493,7 @@ def open_tab(page, name: str) -> None:
     if tab.count() and tab.first.is_visible():
         tab.first.click()
     else:
-        page.get_by_role("button", name="More tabs").click()
+        page.get_by_role("button", name="More tabs").first.click()   # the page's, before a sub-tab bar's own
         page.locator(".overflow-dropdown button", has_text=name).click()
 
 

@@ -78,7 +78,7 @@ def test_the_lens_curves_and_token_classes_drawn_are_the_librarys_on_a_local_tra
 def test_the_lens_is_one_gpu_call_per_explain_and_a_slider_never_calls_one(monkeypatch):
     key = explained()
     asked, lens = [], gpu.lens
-    monkeypatch.setattr(gpu, "lens", lambda names, pixels: asked.append(list(names)) or lens(names, pixels))
+    monkeypatch.setattr(gpu, "lens", lambda names, *args: asked.append(list(names)) or lens(names, *args))
     first = compare.render_lens(key)
     second = compare.render_lens(key)
     assert asked == [list(PAIR)] and np.array_equal(first.curve, second.curve)
@@ -181,7 +181,7 @@ def test_fewer_than_8_images_or_one_that_is_not_an_image_are_refused_in_words(tm
 def test_a_model_without_a_classifier_has_no_lens_said_in_words(dinov2_repos, monkeypatch):
     key = explained(("dinov2-s14", PAIR[1]))
     asked, lens = [], gpu.lens
-    monkeypatch.setattr(gpu, "lens", lambda names, pixels: asked.append(list(names)) or lens(names, pixels))
+    monkeypatch.setattr(gpu, "lens", lambda names, *args: asked.append(list(names)) or lens(names, *args))
     curves = recording(monkeypatch, "lens_plot")
     views = compare.render_lens(key)
     assert asked == [[PAIR[1]]] and views.patches_a is None and views.patches_b.ndim == 3

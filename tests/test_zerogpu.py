@@ -119,11 +119,13 @@ def every_call():
              ("/render_stages", ()), ("/render_features", ()), ("/render_anatomy", ())]
     calls += [("/render_gradients", (m.name, None, None)) for m in METHODS.values() if m.targeted]
     calls += [("/render_gradients", ("chefer", 3, 5)), ("/render_faithfulness", ("rollout", 4)),
-              ("/render_faithfulness", ("legrad", 4)), ("/download", (["rollout", "chefer", "attnlrp"],))]
+              ("/render_faithfulness", ("legrad", 4)), ("/download", (["rollout", "chefer", "attnlrp"], True))]
     from gradio_client import handle_file
     photos = [handle_file(str(p)) for p in sorted((ROOT / "assets").glob("*.jpg"))]   # 8: CKA's least
     calls += [("/render_lens", ()), ("/render_lens_layer", (3, 5)), ("/render_residual", ()),
               ("/render_cka", (*PAIR, "cls")), ("/compute_cka", (*PAIR, "mean", photos))]
+    calls += [("/render_decide", ()), ("/patch_plan", (4,)), ("/patch", ("noise", None, 4)),
+              ("/patch", ("upload", photos[1], 4))]
     return calls
 
 

@@ -21,6 +21,7 @@ import os
 import re
 import time
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -65,10 +66,11 @@ def npy_bytes(array: np.ndarray) -> bytes:
 
 
 def image_files(run: ModelRun, methods: Sequence[str], *, formats: Sequence[str] = FORMATS, faithfulness_steps: int = 0,
-                decide: bool = False, **params) -> tuple[dict[str, bytes], dict]:
+                decide: bool = False, decided: Decided | None = None, **params) -> tuple[dict[str, bytes], dict]:
     """Every file for one image + model, as bytes, and that model's entry for the manifest; without 'png'
     in `formats` nothing is drawn (no overlays, grids or stage views), without 'npy' no arrays; `decide`:
-    the direct logit attribution of the top class too (a model without a classifier has none)."""
+    the direct logit attribution of the top class too (a model without a classifier has none), `decided`
+    if computed elsewhere (the app's runs hold no weights), else computed here."""
     for method in methods:
         find_method(method)   # a ValueError naming the methods there are
     if set(formats) - set(FORMATS) or not formats:
@@ -95,7 +97,7 @@ def image_files(run: ModelRun, methods: Sequence[str], *, formats: Sequence[str]
             curves = run.faithfulness(method, steps=faithfulness_steps)
             entry["faithfulness"][method] = {k: round(v["auc"], 6) for k, v in curves.items() if isinstance(v, dict)}
     if decide:
-        entry["decide"] = decide_files(run, files, formats=formats)
+        entry["decide"] = decide_files(run, files, formats=formats, decided=decided)
     if "png" in formats:
         for k, view in enumerate(run.grid_views()):
             files[f"grid-{k + 1}.png"] = png_bytes(view)
@@ -106,32 +108,47 @@ def image_files(run: ModelRun, methods: Sequence[str], *, formats: Sequence[str]
     return files, entry
 
 
-def decide_files(run: ModelRun, files: dict[str, bytes], *, formats: Sequence[str]) -> dict:
+@dataclass(frozen=True)
+class Decided:
+    """One image's direct logit attribution of its top class, as plain data (it crosses from the app's GPU
+    functions): the table decide.json holds (`Attribution.table`) and each head's token effects on its
+    query grid (L H gh gw float32, `token_effect_maps`)."""
+    table: dict
+    token_effects: np.ndarray
+
+
+def decide_reading(model, pixels, labels: Sequence[str]) -> Decided:
+    """The direct logit attribution of the top class of one image (1 3 h w `pixels`)."""
+    with torch.no_grad():
+        trace = model.trace(pixels, decompose=True)
+    attribution = direct_logit_attribution(model, trace)
+    return Decided(attribution.table(0, labels), token_effect_maps(attribution, trace)[0].float().cpu().numpy())
+
+
+def decide_files(run: ModelRun, files: dict[str, bytes], *, formats: Sequence[str],
+                 decided: Decided | None = None) -> dict:
     """decide.json (and the token-effect maps as .npy) into `files`; the manifest's note of them."""
     if not run.has_classifier:
         return {"skipped": run.no_classifier}
-    model = run.loaded.model
-    with torch.no_grad():
-        trace = model.trace(run.pixels, decompose=True)
-    attribution = direct_logit_attribution(model, trace)
-    files[DECIDE] = (json.dumps(attribution.table(0, run.loaded.labels), indent=2) + "\n").encode()
+    decided = decided or decide_reading(run.loaded.model, run.pixels, run.loaded.labels)
+    files[DECIDE] = (json.dumps(decided.table, indent=2) + "\n").encode()
     note = {"file": DECIDE}
     if "npy" in formats:
-        maps = token_effect_maps(attribution, trace)[0].cpu().numpy()
-        files[TOKEN_EFFECTS] = npy_bytes(maps)
-        note["token_effects"] = {"file": TOKEN_EFFECTS, "shape": list(maps.shape),
-                                 "layers": attribution.layers}
+        files[TOKEN_EFFECTS] = npy_bytes(decided.token_effects)
+        note["token_effects"] = {"file": TOKEN_EFFECTS, "shape": list(decided.token_effects.shape),
+                                 "layers": [row["layer"] for row in decided.table["layers"]]}
     return note
 
 
 def export_image(out: Path, image_id: str, path: Path, image, runs: list, methods: list[str], *, formats: list[str],
-                 faithfulness_steps: int, params: dict, decide: bool = False) -> dict:
+                 faithfulness_steps: int, params: dict, decide: bool = False,
+                 decided: Sequence[Decided | None] | None = None) -> dict:
     """One image's files for every model, written to OUT/<image>/<model>/; its manifest entry (the CLI's
-    output folder, and the folder the app zips)."""
+    output folder, and the folder the app zips). `decided`: each run's attribution if computed elsewhere."""
     entry = {"id": image_id, "path": str(path), "size": [image.height, image.width], "models": []}
-    for run in runs:
+    for run, reading in zip(runs, decided or [None] * len(runs)):
         files, model_entry = image_files(run, methods, formats=formats, faithfulness_steps=faithfulness_steps,
-                                         decide=decide, **params)
+                                         decide=decide, decided=reading, **params)
         folder = out / image_id / safe_name(run.name)
         for name, data in files.items():
             write_atomic(folder / name, data)

@@ -12,6 +12,8 @@ from .anatomy import PLOT_COLOURS, _figure_to_rgb
 from .canvas import Canvas
 from .overlay import SIGNED_CMAP, overlay, with_colorbar
 
+MAX_WIDTH = 12.0   # inches: the widest heatmap
+
 
 def _symmetric(values: np.ndarray) -> float:
     finite = np.abs(values[np.isfinite(values)])
@@ -49,7 +51,9 @@ def signed_heatmap(values, *, title: str, xlabel: str, ylabel: str = "block",
 
     values = np.asarray(values, dtype=float)
     limit = _symmetric(values)
-    fig = Figure(figsize=(max(3.2, 0.35 * values.shape[1] + 1.8), max(2.6, 0.3 * values.shape[0] + 1.2)), dpi=100)
+    # a cell per column up to a page's width: CvT-13's first stage has 3,136 positions
+    width = min(MAX_WIDTH, max(3.2, 0.35 * values.shape[1] + 1.8))
+    fig = Figure(figsize=(width, max(2.6, 0.3 * values.shape[0] + 1.2)), dpi=100)
     ax = fig.add_subplot()
     image = ax.imshow(np.ma.masked_invalid(values), cmap=SIGNED_CMAP, vmin=-limit, vmax=limit, aspect="auto",
                       interpolation="nearest")

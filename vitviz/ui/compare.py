@@ -282,7 +282,6 @@ class Compare:
 
 def layout(page: Page) -> Compare:
     key = page.key
-    is_open, uploaded = gr.State(False), gr.State(None)
     with gr.Tab(TITLE, id="compare") as tab, gr.Tabs(selected="lens", elem_id="compare-tabs"):
         with gr.Tab("When each model commits", id="lens"):
             gr.Markdown(LENS_WORDS)
@@ -319,6 +318,8 @@ def layout(page: Page) -> Compare:
             residual = gr.Image(label="residual share per block", show_label=False, interactive=False,
                                 elem_id="residual-plot")
 
+    with tab:   # not among the top-level Tabs' children, which Gradio's frontend counts as its tabs' indices
+        is_open, uploaded = gr.State(False), gr.State(None)
     lens_outputs = [layer_a, layer_b, curve, patches_a, patches_b, lens_words]
     residual_outputs = [residual, residual_words]
     cka_inputs, cka_outputs = [page.model_a, page.model_b, tokens, uploaded], [cka_words, a_vs_b, a_vs_a, b_vs_b, table]

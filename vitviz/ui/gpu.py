@@ -14,7 +14,7 @@ Elsewhere (a CPU machine, a GPU Space) `spaces.GPU` changes nothing and these ar
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import gradio as gr
@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from .. import compare, explain, hub, render
+from ..export import Decided, decide_reading
 from ..image import ImageError, read_image
 from ..models.trace import Trace
 from ..session import MODEL_GATE, MapRequest, class_map, decode_side, faithfulness_scores, trace_batch
@@ -43,6 +44,9 @@ TRACE_S, TRACE_LOADING_S, MAPS_S, FAITHFULNESS_S = 15, 60, 15, 30
 # the Compare tab: the logit lens (a traced forward each); CKA over up to 256 uploads (decoding them, and a traced
 # forward of each model per batch of 64)
 LENS_S, CKA_S = 15, 90
+# the What decides tab: direct logit attribution (a traced forward each); patching, both sites of both models in
+# batched forwards of PATCH_BATCH patched images (CvT-13 at 224 px, group 1: 6,674 images)
+DECIDE_S, PATCH_S, PATCH_BATCH = 15, 120, 64
 
 
 def gpu(*, duration):
@@ -204,6 +208,56 @@ def cka(names: list[str], uploads: list[str], tokens: str, progress=gr.Progress(
     with MODEL_GATE():
         return in_words(compare.cka_of_images, loaded, images, tokens=tokens,
                         progress=lambda f, d: progress(0.3 + 0.7 * f, desc=d))
+
+
+@gpu(duration=DECIDE_S)
+def decide(names: list[str], pixels: list[torch.Tensor], prompts: list[str] | None = None) -> list[Decided]:
+    """Each model's (a classifier's) direct logit attribution of its top class on its pixels: a traced forward
+    that keeps how the heads write, read through the frozen final norm (`export.decide_reading`: the table
+    decide.json holds and every head's token effects, as the exporter writes them)."""
+    readings = []
+    for model, image in zip(_models(names, prompts=prompts), pixels):
+        with MODEL_GATE():
+            readings.append(in_words(decide_reading, model.model, image.to(model.device), model.labels))
+    return readings
+
+
+def patch_seconds(names, pixels, against, upload, group, prompts=None, progress=None) -> int:
+    """Patching's GPU time: the batched forwards of both sites of both models, and loading a model not in
+    memory."""
+    return PATCH_S + (0 if set(names) <= set(hub.CACHE.names()) else TRACE_LOADING_S)
+
+
+@gpu(duration=patch_seconds)
+def patch(names: list[str], pixels: list[torch.Tensor], against: str, upload: str | None, group: int,
+          prompts: list[str] | None = None, progress=gr.Progress()) -> list[tuple[explain.Patching, explain.Patching]]:
+    """Activation patching of each model (a classifier) from a second image towards its pixels: `against` one
+    of `explain.CORRUPTIONS` (the same pixels blurred or with noise) or 'upload' (the file at `upload`, read
+    with every check of `read_image` and preprocessed by each model's own transform). Per model the residual
+    stream in `group` x `group` squares and every head's output (`explain.patch_activations`, `PATCH_BATCH`
+    patched images per forward) -> (resid, head) `Patching`s on the CPU, fp32."""
+    loaded = _models(names, lambda f, d: progress(0.1 * f, desc=d), prompts)
+    picture = None
+    if against == "upload":
+        try:
+            picture = read_image(upload, target_size=decode_side(loaded))
+        except ImageError as e:
+            raise gr.Error(f"The second image: {e}") from None
+    found, runs = [], [(model, site) for model in loaded for site in explain.SITES]
+    for k, (model, site) in enumerate(runs):
+        clean = pixels[k // len(explain.SITES)].to(model.device)
+        corrupted = model.preprocess(picture) if picture is not None else explain.corrupt(clean, against)
+        words = "the residual stream" if site == "resid" else "each head's output"
+
+        def step(done, total, k=k, name=model.name, words=words):
+            progress(0.1 + 0.9 * (k + done / total) / len(runs), desc=f"{name}: {words}, forward {done} of {total}")
+        with MODEL_GATE():
+            result = in_words(explain.patch_activations, model.model, clean, corrupted, site=site, group=group,
+                              batch_size=PATCH_BATCH, progress=step)
+        cpu = lambda values: [v.float().cpu() for v in values]
+        found.append(replace(result, grid=cpu(result.grid), prefix=cpu(result.prefix),
+                             heads=None if result.heads is None else result.heads.float().cpu()))
+    return list(zip(found[::2], found[1::2]))
 
 
 def in_words(fn, *args, **kwargs):

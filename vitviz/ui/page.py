@@ -13,7 +13,7 @@ from .. import catalog, hub
 from ..render import DEFAULT_CMAP, per_uniform, shared_scale
 from ..preprocess import PROMPT_TEMPLATE, prompts_from_text
 from ..session import MODEL_GATE, agreement
-from . import anatomy, attention, classes, download, features, gpu, tokens
+from . import anatomy, attention, classes, decide, download, features, gpu, tokens
 from . import compare as compare_tab   # build() names its comparison line `compare`
 from .shared import HIDDEN, INSTANT, MODEL_EVENTS, SESSIONS, Page, as_files, runs
 from .store import Session
@@ -23,7 +23,7 @@ EXAMPLES = sorted(str(p) for p in (ROOT / "assets").glob("*.jpg"))
 CMAPS = ["viridis", "inferno", "turbo", "magma"]
 DEFAULT_PROMPTS = "dog, cat, ball, grass"   # what a CLIP model looks for until a person types otherwise
 # the top-level tabs, in the order of the questions a newcomer asks; where a one-click pair opens (default: attention)
-TABS = ("tokens", "attention", "classes", "features", "anatomy", "compare", "download")
+TABS = ("tokens", "attention", "classes", "features", "anatomy", "compare", "decide", "download")
 PAIR_TABS = {"DINOv2 vs DINOv2 with registers": ("tokens", "registers")}
 
 
@@ -186,6 +186,7 @@ def build(vit: str, cvt: str, notice: str = "") -> gr.Blocks:
             features.layout(page)
             anatomy.layout(page)
             compare_parts = compare_tab.layout(page)
+            decide_parts = decide.layout(page)
             download.layout(page)
 
         answer = [key, label_a, label_b, map_a, map_b, compare, point]
@@ -194,7 +195,7 @@ def build(vit: str, cvt: str, notice: str = "") -> gr.Blocks:
         def explained(event, public: bool = False) -> None:
             """What follows an Explain: each tab draws what it shows without a click, so it is ready when opened
             (the first Explain event documents the endpoints; the pairs' copies stay unlisted)."""
-            for tab in (token_parts, attention_parts, class_parts, compare_parts):
+            for tab in (token_parts, attention_parts, class_parts, compare_parts, decide_parts):
                 tab.explained(event, public)
 
         explained(run.click(as_files(explain), inputs=[image, model_a, model_b, prompts], outputs=answer,
