@@ -27,6 +27,8 @@ EXPECTED = {   # line start -> the rest of it; one line each
                                             rf"to the page [\d.]+ s of it\), warm requests "
                                             rf"{TIMES}, \(first answer - first page\) / warm request {RATIO}$"
        for pair in ("ImageNet pair", "stand-ins")},
+    "start-up imports, fresh interpreters taking turns": rf": import app {TIMES}, import gradio, torch {TIMES}, "
+                                                          rf"{RATIO}$",
     "app memory, ImageNet pair, after": r"RSS [\d.]+ GiB, peak RSS [\d.]+ GiB",
     "machine peak fp32 matmul": r"[\d.]+ GFLOP/s .* b1 [\d.]+ GFLOP in [\d.]+ ms = [\d.]+ GFLOP/s, \d+% of peak",
     **{f"attribution {method} b1 vit_base_patch16_224": rf": vitviz {TIMES} = [\d.]+ forwards, {peer} {TIMES} = "
