@@ -7,6 +7,7 @@ does off ZeroGPU: the same pictures, the same arrays, the same sentences.
 This depends on spaces' internals (`spaces.zero.torch`'s unpatch/init/move, the device API's routes):
 spaces stays pinned in requirements-dev.txt, and a new spaces release is checked here before the pin moves.
 """
+import contextlib
 import json
 import os
 import signal
@@ -42,7 +43,11 @@ def zero_server(tmp_path_factory, scheduler):
         "ZEROGPU_OFFLOAD_DIR": str(tmp / "offload"), "VITVIZ_TEST_SLOW_FILE": str(tmp / "slow")})
     server.slow = tmp / "slow"
     yield server
+    left = workers(server)   # spaces' daemon workers outlive a terminated app: end them with it
     server.stop()
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 @pytest.fixture(scope="module")
