@@ -22,8 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted(str(p) for p in (ROOT / "assets").glob("*.jpg"))
 CMAPS = ["viridis", "inferno", "turbo", "magma"]
 DEFAULT_PROMPTS = "dog, cat, ball, grass"   # what a CLIP model looks for until a person types otherwise
-# the top-level tabs, in the order of the questions a newcomer asks; where a one-click pair opens (default: attention)
-TABS = ("tokens", "attention", "classes", "features", "anatomy", "compare", "decide", "download")
+# where a one-click pair opens (default: attention)
 PAIR_TABS = {"DINOv2 vs DINOv2 with registers": ("tokens", "registers")}
 
 
