@@ -70,7 +70,7 @@ def models(family: str):
         return reference, ours, Transform.from_timm(reference.pretrained_cfg)
     from transformers import CvtConfig, CvtForImageClassification
     reference = perturb_(CvtForImageClassification(CvtConfig(num_labels=1000)), std=CVT_STD)
-    return reference, cvt_pair(reference), Transform.from_cvt_processor(CVT_13_PROCESSOR)
+    return reference, cvt_pair(reference), Transform.from_convnext_processor(CVT_13_PROCESSOR)
 
 
 def on(module: torch.nn.Module, device: torch.device) -> torch.nn.Module:

@@ -278,6 +278,25 @@ def cvt_checkpoint(folder: Path, *, size: int = 224, weights: str = "safetensors
     return model
 
 
+def transformers_checkpoint(folder: Path, model_cls, config, *, processor: dict | None = None, seed: int = 0,
+                            std: float = 0.1):
+    """transformers' `save_pretrained` layout of `model_cls(config)` with perturbed weights and BatchNorm
+    statistics, and a preprocessor_config.json if given. Returns the model, reloaded from the folder."""
+    import torch
+    from test_models import perturb_
+
+    torch.manual_seed(seed)
+    perturb_(model_cls(config), std=std).save_pretrained(folder)
+    if processor is not None:
+        (Path(folder) / "preprocessor_config.json").write_text(json.dumps(processor))
+    return model_cls.from_pretrained(folder).eval()
+
+
+# preprocessor_config.json of microsoft/swin-tiny-patch4-window7-224 (a ViT feature extractor: a plain resize)
+SWIN_PROCESSOR = {"do_normalize": True, "do_resize": True, "feature_extractor_type": "ViTFeatureExtractor",
+                  "image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225], "resample": 3, "size": 224}
+
+
 def cvt_processor_config(size: int) -> dict:
     """preprocessor_config.json as microsoft/cvt-13 (224) and microsoft/cvt-13-384 (384) have it."""
     return {"crop_pct": 0.875, "do_normalize": True, "do_resize": True,

@@ -370,15 +370,20 @@ def timm_config(architecture: str) -> bytes:
                        "pretrained_cfg": {"input_size": [3, 224, 224], "crop_pct": 0.9, "num_classes": 1000}}).encode()
 
 
-@pytest.mark.parametrize("config", [
-    timm_config("swin_tiny_patch4_window7_224"),
-    json.dumps({"model_type": "swin", "architectures": ["SwinForImageClassification"]}).encode(),
-    timm_config("vit_base_patch16_clip_quickgelu_224"),
-], ids=["timm Swin", "transformers Swin", "timm CLIP ViT (QuickGELU, LayerNorm eps 1e-5)"])
-def test_an_unsupported_architecture_is_refused_before_its_weights_are_downloaded(hub, vit_files, good_repo, config):
+@pytest.mark.parametrize("config, named", [
+    (timm_config("swinv2_tiny_window8_256"), "SwinV2"),
+    (json.dumps({"model_type": "swinv2", "architectures": ["Swinv2ForImageClassification"]}).encode(), "SwinV2"),
+    (timm_config("maxvit_tiny_tf_224"), "MaxViT"),
+    (json.dumps({"model_type": "dinat", "architectures": ["DinatForImageClassification"]}).encode(), "DiNAT"),
+    (timm_config("vit_base_patch16_clip_quickgelu_224"), "timm"),
+], ids=["timm SwinV2", "transformers SwinV2", "timm MaxViT", "transformers DiNAT",
+        "timm CLIP ViT (QuickGELU, LayerNorm eps 1e-5)"])
+def test_an_unsupported_architecture_is_refused_before_its_weights_are_downloaded(hub, vit_files, good_repo, config,
+                                                                                   named):
     repo_id = f"test/unsupported-{hashlib.sha1(config).hexdigest()[:8]}"
     hub.publish(repo_id, {"config.json": config, "model.safetensors": vit_files[0]["model.safetensors"]})
-    with pytest.raises(LoadError, match="vitviz runs ViT and DeiT checkpoints from timm, CvT checkpoints"):
+    with pytest.raises(LoadError, match=f"{named}.*; vitviz runs ViT, DeiT, Swin, ResNet and ConvNeXt checkpoints "
+                                        f"from timm, CvT, Swin"):
         vitviz.load(repo_id, device="cpu")
     assert hub.count(repo_id=repo_id, method="GET", filename="model.safetensors") == 0
     assert vitviz.load(good_repo, device="cpu").family == "vit"

@@ -1,4 +1,4 @@
-"""`Transform.from_timm` and `Transform.from_cvt_processor` give the pixels the checkpoints' own
+"""`Transform.from_timm` and `Transform.from_convnext_processor` give the pixels the checkpoints' own
 pipelines give: timm's `create_transform(**resolve_data_config(...))` and transformers' PIL image
 processor for CvT, on real photos and on a generated non-square image whose odd crop margins
 tell timm's rounding (torchvision's round-half-to-even) from transformers' (floor).
@@ -70,26 +70,26 @@ def test_from_timm_reads_crop_pct_and_size_as_timm_does():
 
 
 @pytest.mark.parametrize("size", [224, 384])
-def test_from_cvt_processor_equals_transformers_pil_processor_on_photos_and_an_odd_margin_image(size):
+def test_from_convnext_processor_equals_transformers_pil_processor_on_photos_and_an_odd_margin_image(size):
     config = cvt_processor_config(size)
     reference = ConvNextImageProcessorPil.from_dict(config)
-    ours = Transform.from_cvt_processor(config)
+    ours = Transform.from_convnext_processor(config)
     for image in images():
         expected = reference(image, return_tensors="pt")["pixel_values"][0]
         assert max_abs(ours(image)[0], expected) <= TOL
 
 
 def test_cvt_224_resizes_to_256_and_crops_while_384_resizes_plainly():
-    assert Transform.from_cvt_processor(cvt_processor_config(224)).resize == 256
-    at_384 = Transform.from_cvt_processor(cvt_processor_config(384))
+    assert Transform.from_convnext_processor(cvt_processor_config(224)).resize == 256
+    at_384 = Transform.from_convnext_processor(cvt_processor_config(384))
     assert at_384.resize == (384, 384) and at_384.crop == (384, 384)
 
 
 @pytest.mark.parametrize("size", [224, 384])
-def test_from_cvt_processor_is_within_two_8bit_levels_on_few_pixels_of_transformers_torchvision_processor(size):
+def test_from_convnext_processor_is_within_two_8bit_levels_on_few_pixels_of_transformers_torchvision_processor(size):
     config = cvt_processor_config(size)
     reference = ConvNextImageProcessor.from_dict(config)   # AutoImageProcessor's default backend
-    ours = Transform.from_cvt_processor(config)
+    ours = Transform.from_convnext_processor(config)
     std = torch.tensor(config["image_std"]).view(3, 1, 1)
     for image in images():
         expected = reference(image, return_tensors="pt")["pixel_values"][0]
@@ -105,12 +105,12 @@ def test_crop_rounding_matters_on_the_odd_margin_image_so_the_comparisons_can_te
     assert max_abs(as_floor(image)[0], timm_reference) > 0.1
     config = cvt_processor_config(224)
     cvt_reference = ConvNextImageProcessorPil.from_dict(config)(image, return_tensors="pt")["pixel_values"][0]
-    as_round = Transform(**{**Transform.from_cvt_processor(config).to_dict(), "crop_rounding": "round"})
+    as_round = Transform(**{**Transform.from_convnext_processor(config).to_dict(), "crop_rounding": "round"})
     assert max_abs(as_round(image)[0], cvt_reference) > 0.1
 
 
 def test_transform_round_trips_through_its_dict_and_reads_dicts_saved_before_crop_rounding():
-    t = Transform.from_cvt_processor(cvt_processor_config(224))
+    t = Transform.from_convnext_processor(cvt_processor_config(224))
     assert Transform(**t.to_dict()) == t
     old = {"crop": [32, 32], "resize": 32, "mean": [0.5] * 3, "std": [0.25] * 3, "interpolation": "bicubic"}
     assert Transform(**old).crop_rounding == "round"
@@ -135,6 +135,6 @@ def test_from_timm_refuses_what_it_cannot_reproduce(cfg, problem):
     ({"resample": 1}, "resample"),
     ({"image_processor_type": "ViTImageProcessor"}, "ConvNextImageProcessor"),
 ])
-def test_from_cvt_processor_refuses_what_it_cannot_reproduce(change, problem):
+def test_from_convnext_processor_refuses_what_it_cannot_reproduce(change, problem):
     with pytest.raises(ValueError, match=problem):
-        Transform.from_cvt_processor({**cvt_processor_config(224), **change})
+        Transform.from_convnext_processor({**cvt_processor_config(224), **change})

@@ -1,10 +1,11 @@
 """A checkpoint's own preprocessing: resize, centre crop, normalise; and the way back to image pixels.
 
 One `Transform` describes both timm's eval pipeline (resize the shorter side to
-floor(size / crop_pct), bicubic, centre crop) and the CvT image processor (shorter side to 256 then
-crop 224; a plain resize to 384x384 at 384), so every view can invert exactly what the model saw.
-`Transform.from_timm`, `Transform.from_cvt_processor`, `Transform.from_open_clip` and
-`Transform.from_clip_processor` read those from the checkpoint's own config; all resize with PIL,
+floor(size / crop_pct), bicubic, centre crop), transformers' ConvNeXt image processor (CvT, ResNet,
+ConvNeXt: shorter side to 256 then crop 224; a plain resize to 384x384 at 384) and its ViT image
+processor (Swin: a plain resize to 224x224), so every view can invert exactly what the model saw.
+`Transform.from_timm`, `Transform.from_convnext_processor`, `Transform.from_vit_processor`,
+`Transform.from_open_clip` and `Transform.from_clip_processor` read those from the checkpoint's own config; all resize with PIL,
 as timm's `create_transform`, open_clip's transform (torchvision on PIL images) and transformers'
 PIL image processors do, so the pixels are the same (the tests compare them).
 
@@ -75,8 +76,9 @@ class Transform:
                    interpolation=pretrained_cfg.get("interpolation") or "bicubic")
 
     @classmethod
-    def from_cvt_processor(cls, config: dict) -> "Transform":
-        """The transform of a transformers `ConvNextImageProcessor` config (`preprocessor_config.json` of a CvT).
+    def from_convnext_processor(cls, config: dict) -> "Transform":
+        """The transform of a transformers `ConvNextImageProcessor` config (`preprocessor_config.json` of a CvT,
+        ResNet or ConvNeXt).
 
         Below 384 px the shorter side goes to int(size / crop_pct), then a centre crop of size x size;
         at 384 and above the image is resized to size x size, no crop. Keys a config leaves out take
@@ -84,7 +86,7 @@ class Transform:
         """
         kind = config.get("image_processor_type") or config.get("feature_extractor_type") or "ConvNextImageProcessor"
         if not kind.startswith("ConvNext"):
-            raise ValueError(f"a CvT processor is a ConvNextImageProcessor, not {kind}")
+            raise ValueError(f"expected a ConvNextImageProcessor, not {kind}")
         unsupported = [key for key, value in (("do_resize", True), ("do_rescale", True), ("do_normalize", True),
                                               ("do_center_crop", False)) if config.get(key, value) != value]
         if not math.isclose(config.get("rescale_factor", 1 / 255), 1 / 255):
@@ -102,6 +104,27 @@ class Transform:
         if edge >= CVT_PLAIN_RESIZE_FROM:
             return cls(resize=(edge, edge), **common)
         return cls(resize=int(edge / (config.get("crop_pct") or 224 / 256)), **common)
+
+    @classmethod
+    def from_vit_processor(cls, config: dict) -> "Transform":
+        """The transform of a transformers `ViTImageProcessor` config (`preprocessor_config.json` of microsoft/
+        swin-*): the image resized to `size` exactly, no crop; keys it leaves out take the processor's defaults
+        (bilinear, mean and std 0.5)."""
+        kind = config.get("image_processor_type") or config.get("feature_extractor_type") or "ViTImageProcessor"
+        if not kind.startswith("ViT"):
+            raise ValueError(f"expected a ViTImageProcessor, not {kind}")
+        unsupported = [key for key, value in (("do_resize", True), ("do_rescale", True), ("do_normalize", True))
+                       if config.get(key, value) != value]
+        if unsupported:
+            raise ValueError(f"unsupported ViTImageProcessor settings: {', '.join(unsupported)}")
+        size = config.get("size", {"height": 224, "width": 224})
+        size = (size, size) if isinstance(size, int) else (size.get("height"), size.get("width"))
+        resample = config.get("resample", int(Image.BILINEAR))
+        if not all(isinstance(n, int) for n in size) or resample not in _PIL_CODES:
+            raise ValueError(f"unsupported ViTImageProcessor size {size!r} or resample {resample!r}")
+        return cls(crop=size, resize=size, mean=config.get("image_mean") or HF_STANDARD_MEAN,
+                   std=config.get("image_std") or HF_STANDARD_STD, interpolation=_PIL_CODES[resample],
+                   crop_rounding="floor")
 
     @classmethod
     def from_open_clip(cls, preprocess_cfg: dict, image_size: int) -> "Transform":

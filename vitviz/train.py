@@ -1,9 +1,10 @@
-"""Train vitviz's own ViT or CvT on CIFAR-10 into a checkpoint folder `vitviz.load` reads.
+"""Train vitviz's own ViT, CvT or Swin on CIFAR-10 into a checkpoint folder `vitviz.load` reads.
 
     python -m vitviz.train --arch vit-cifar --data ../shared/data/cifar10_jpeg.npz --out checkpoints/vit-cifar10
 
 The usual small-data recipe: random crop with 4 px padding, horizontal flip, label smoothing,
-AdamW with linear warm-up then cosine decay. Deterministic for a given seed and thread count; every
+AdamW (or, for the ResNet, SGD with Nesterov momentum, as He et al. train it) with linear warm-up then
+cosine decay. Deterministic for a given seed and thread count; every
 epoch is logged (`log.jsonl`) and checkpointed (`train_state.pt`), and `--resume` carries on from it.
 """
 from __future__ import annotations
@@ -22,7 +23,8 @@ from tqdm import tqdm
 
 from .bundle import save_bundle
 from .data import DataError, open_npz, spread
-from .models import CvTConfig, CvTStageConfig, FAMILIES, ViTConfig, num_params
+from .models import (CvTConfig, CvTStageConfig, FAMILIES, ResNetConfig, SwinConfig, ViTConfig, family_of_config,
+                     num_params)
 from .preprocess import Transform
 
 CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
@@ -40,9 +42,19 @@ ARCHITECTURES = {
     "vit-cifar": ViTConfig(img_size=(32, 32), patch_size=4, num_classes=10, embed_dim=192, depth=7, num_heads=3,
                            mlp_ratio=2.0),
     "cvt-cifar": _cvt_cifar((64, 128, 192), (1, 2, 3), (1, 2, 6)),
+    # patch 2: 16x16, 8x8 and 4x4 token grids; 4x4 windows (stage 3's window is its whole grid, unshifted)
+    "swin-cifar": SwinConfig(img_size=(32, 32), patch_size=2, num_classes=10, embed_dim=48, depths=(2, 2, 6),
+                             num_heads=(3, 6, 12), window_size=4),
+    # He et al.'s CIFAR ResNet-20: 3x3 stem, no max pool, three stages of three basic blocks (32x32, 16x16, 8x8)
+    "resnet-cifar": ResNetConfig(block="basic", layers=(3, 3, 3), widths=(16, 32, 64), stem_width=16, stem_kernel=3,
+                                 num_classes=10),
     # tiny ones for the test suite
     "vit-micro": ViTConfig(img_size=(32, 32), patch_size=8, num_classes=10, embed_dim=32, depth=2, num_heads=2),
     "cvt-micro": _cvt_cifar((16, 24, 32), (1, 1, 2), (1, 1, 1)),
+    "resnet-micro": ResNetConfig(block="basic", layers=(1, 1), widths=(8, 16), stem_width=8, stem_kernel=3,
+                                 num_classes=10),
+    "swin-micro": SwinConfig(img_size=(32, 32), patch_size=4, num_classes=10, embed_dim=16, depths=(2, 2),
+                             num_heads=(1, 2), window_size=4),
 }
 
 
@@ -98,8 +110,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", required=True, help="checkpoint folder to write")
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw", help="sgd: Nesterov momentum 0.9")
     p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
     p.add_argument("--weight-decay", type=float, default=0.05)
+    p.add_argument("--clip-grad", type=float, default=1.0, help="gradient norm clipping (0: none)")
+    p.add_argument("--channels-last", action="store_true", help="channels-last memory (faster convolutions on a CPU)")
     p.add_argument("--warmup-epochs", type=float, default=1.0)
     p.add_argument("--label-smoothing", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=0)
@@ -126,10 +141,16 @@ def main(argv=None) -> None:
     print(f"data: {len(train_x)} train / {len(test_x)} test images decoded in {time.time() - t0:.1f}s", flush=True)
 
     config = ARCHITECTURES[args.arch]
-    family = "vit" if isinstance(config, ViTConfig) else "cvt"
+    family = family_of_config(config)
     model = FAMILIES[family][0](config).to(device)
     transform = Transform(crop=(32, 32), resize=32, mean=CIFAR_MEAN, std=CIFAR_STD)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    if args.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    if args.optimizer == "sgd":
+        optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, nesterov=True,
+                                    weight_decay=args.weight_decay)
+    else:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     steps_per_epoch = math.ceil(len(train_x) / args.batch_size)
     total, warmup = args.epochs * steps_per_epoch, int(args.warmup_epochs * steps_per_epoch)
     generator = torch.Generator().manual_seed(args.seed)
@@ -161,13 +182,16 @@ def main(argv=None) -> None:
                 group["lr"] = lr_at(step, total=total, warmup=warmup, peak=args.lr)
             idx = order[i * args.batch_size:(i + 1) * args.batch_size]
             x = transform.normalize(augment(train_x[idx], generator).to(device).float() / 255)
+            if args.channels_last:
+                x = x.contiguous(memory_format=torch.channels_last)
             y = train_y[idx].to(device)
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_amp):
                 logits = model(x)
             loss = F.cross_entropy(logits.float(), y, label_smoothing=args.label_smoothing)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            if args.clip_grad:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad)
             optimizer.step()
             loss_sum += loss.item() * len(idx)
             correct += (logits.argmax(1) == y).sum().item()

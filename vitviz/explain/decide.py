@@ -26,6 +26,9 @@ distilled ViT its class and distillation tokens, each through its own head, aver
 the grid mean every grid token (each with 1 / n of U); register tokens are never read, so they count only
 through the heads that read them. CvT: the blocks of stage 3, where its class token enters (a parameter:
 the `embedding` part); whatever stages 1-2 computed reaches the class token through stage 3's heads.
+Swin: the blocks of the last stage, every token read (the classifier averages them; the `embedding` part
+is what the last patch merging handed on), each head's products taken per window (`windows.py`). A
+convolutional block (ConvNeXt) has no heads: its whole update is its `mlps` part.
 
 Token effects. A head's part splits over the key tokens it read,
 
@@ -37,8 +40,8 @@ carried map and the prefix entries still sum to the head's part. The top head's 
 through which head, wrote the class".
 
 Cost: one traced forward that also keeps each block's values (`model.trace(pixels, decompose=True)`; the
-values cost one more n x c x c product per block), then per block a product of the read queries' attention
-with the values, the size of attention-times-values for the read queries only.
+values cost one more n x c x c product per block), then per block two products the size of
+attention-times-values (U is zero on the tokens the classifier does not read).
 """
 from __future__ import annotations
 
@@ -53,6 +56,7 @@ from ..models.relevance import frozen_norm_scales
 from ..models.trace import Trace
 from .cvt import keys_to_queries
 from .gradients import Target, resolve_target
+from .windows import from_windows, head_outputs, to_windows, windowed
 
 
 @dataclass
@@ -126,35 +130,43 @@ def direct_logit_attribution(model: nn.Module, trace: Trace, target: Target = No
 
     target: the class (default: each image's top prediction); foil: a class whose logit is subtracted.
     """
+    if not trace.residual_stream:
+        raise ValueError("this model's blocks do not add to one residual stream (a ReLU follows each addition, as "
+                         "in a ResNet), so its logit is no sum of the blocks' parts and direct logit attribution does "
+                         "not apply; activation patching does")
     blocks = trace.blocks
     last_stage = blocks[-1].stage
     layers = [i for i, block in enumerate(blocks) if block.stage == last_stage]
-    if any(blocks[i].parts is None or blocks[i].inputs is None for i in layers):
+    if any((blocks[i].parts is None and blocks[i].attends) or blocks[i].inputs is None for i in layers):
         raise ValueError("this trace does not keep how the heads write: make it with "
                          "model.trace(pixels, decompose=True)")
     target = resolve_target(trace.logits, target)
     foil = None if foil is None else resolve_target(trace.logits, foil)
     if foil is not None and bool((foil == target).any()):
         raise ValueError("the foil class is the target class: their logit difference is always 0")
-    direction, bias, _ = readout(model, trace, target, foil)
-    read = direction.abs().amax(dim=(0, 2)).nonzero()[:, 0]   # the tokens the classifier reads
-    u = direction[:, read]                                     # b q c
+    u, bias, _ = readout(model, trace, target, foil)   # b n c, zero on the tokens the classifier does not read
     heads, attn_bias, mlps, effects = [], [], [], []
     with torch.no_grad():
         for i in layers:
             block, parts = blocks[i], blocks[i].parts
-            attn = block.attn.detach()[:, :, read]                               # b h q nk
-            values = parts.values.detach()                                       # b h nk d
-            per_head = rearrange(u @ parts.weight, 'b q (h d) -> b h q d', h=attn.shape[1])   # U_q W_O_h
-            effect = ((attn.transpose(-1, -2) @ per_head) * values).sum(dim=-1)  # b h nk
-            z = rearrange(attn @ values, 'b h q d -> b q (h d)')
-            attn_out = z @ parts.weight.T + parts.bias                           # b q c
-            mlp = block.tokens.detach()[:, read] - block.inputs.detach()[:, read] - attn_out
-            effects.append(effect)
-            heads.append(effect.sum(dim=-1))
+            update = block.tokens.detach() - block.inputs.detach()
+            if not block.attends:   # a convolutional block: its whole update is one part
+                effects.append(update.new_zeros(update.shape[0], 0, 0))
+                heads.append(update.new_zeros(update.shape[0], 0))
+                attn_bias.append(update.new_zeros(update.shape[0]))
+                mlps.append((u * update).sum(dim=(1, 2)))
+                continue
+            attn = windowed(block.attn.detach(), block)                          # b nw h tq tk
+            values = windowed(parts.values.detach(), block)                      # b nw h tk d
+            per_head = rearrange(to_windows(u, block) @ parts.weight, 'b w q (h d) -> b w h q d', h=attn.shape[2])
+            effect = ((attn.transpose(-1, -2) @ per_head) * values).sum(dim=-1)  # b nw h tk: U_q W_O_h, per key
+            effects.append(rearrange(from_windows(rearrange(effect, 'b w h k -> b w k h'), block), 'b n h -> b h n'))
+            z = rearrange(head_outputs(block).detach(), 'b h q d -> b q (h d)')
+            attn_out = z @ parts.weight.T + parts.bias                            # b nq c
+            heads.append(effects[-1].sum(dim=-1))
             attn_bias.append((u * parts.bias).sum(dim=(1, 2)))
-            mlps.append((u * mlp).sum(dim=(1, 2)))
-        embedding = (u * blocks[layers[0]].inputs.detach()[:, read]).sum(dim=(1, 2))
+            mlps.append((u * (update - attn_out)).sum(dim=(1, 2)))
+        embedding = (u * blocks[layers[0]].inputs.detach()).sum(dim=(1, 2))
         logits = trace.logits.detach()
         logit = logits.gather(1, target[:, None])[:, 0]
         if foil is not None:
@@ -169,6 +181,8 @@ def token_effect_maps(attribution: Attribution, trace: Trace) -> Tensor:
     prefix keys left out (`token_effects[..., :prefix]` holds them)."""
     block = trace.blocks[attribution.layers[0]]   # every decomposed block has one geometry
     b, layers, heads, keys = attribution.token_effects.shape
+    if not heads:
+        raise ValueError("this model has no attention heads (a convolutional network), so no head read any token")
     carried = keys_to_queries(attribution.token_effects.reshape(-1, keys), block)[:, block.prefix:]
     h, w = block.query_grid
     return rearrange(carried, '(b l k) (h w) -> b l k h w', b=b, l=layers, k=heads, h=h, w=w)

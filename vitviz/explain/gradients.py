@@ -10,7 +10,9 @@ and keep the positive part, in each method's own order:
   Ā = mean_h(clamp(∂y/∂A ⊙ A, min=0)); R = I, R <- R + Ā·D·R per block in forward order; the map
   is R's class row.
 
-D = I for ViT and the key-to-query operator of `cvt.py` for CvT. The `*_from_trace` functions take
+D = I for ViT and Swin and the key-to-query operator of `cvt.py` for CvT; a windowed block's products
+are taken per window (`windows.py`), and the readout of a model without a class token (Swin) is the mean
+over its final tokens, as in rollout. The `*_from_trace` functions take
 a trace made with `model.trace(pixels, grad=True)` and leave its graph intact, so one traced
 forward serves every method; the plain names run that forward themselves.
 
@@ -30,7 +32,8 @@ from torch import Tensor, nn
 
 from ..models.trace import BlockTrace, Trace
 from .cvt import keys_to_queries
-from .rollout import blocks_in_range, class_column, discard_lowest, propagate, rollout_step
+from .rollout import blocks_in_range, class_column, discard_lowest, needs_attention, propagate, rollout_step
+from .windows import attend
 
 Target = int | Sequence[int] | Tensor | None
 CLIP_START_LAYER = -1   # Chefer et al.'s CLIP notebook: the last block's relevance alone
@@ -60,7 +63,9 @@ def resolve_target(logits: Tensor, target: Target) -> Tensor:
 
 
 def attention_gradients(trace: Trace, target: Target, blocks: Sequence[int]) -> dict[int, Tensor]:
-    """{block index: ∂ target logit / ∂ attention (b h nq nk)}, each image's own target; the graph is kept."""
+    """{block index: ∂ target logit / ∂ attention (shaped as the attention)}, each image's own target; the graph
+    is kept."""
+    needs_attention(trace, "a method that weighs attention by its gradient")
     if not trace.logits.requires_grad:
         raise ValueError("this trace has no gradients: make it with model.trace(pixels, grad=True)")
     target = resolve_target(trace.logits, target)
@@ -70,13 +75,13 @@ def attention_gradients(trace: Trace, target: Target, blocks: Sequence[int]) -> 
 
 
 def mean_then_clip(attn: Tensor, grad: Tensor) -> Tensor:
-    """Gradient rollout's Ā = clamp(mean_h(grad ⊙ A), min=0): b h nq nk -> b nq nk."""
-    return (grad * attn.detach()).mean(dim=1).clamp(min=0)
+    """Gradient rollout's Ā = clamp(mean_h(grad ⊙ A), min=0): b (nw) h nq nk -> b (nw) nq nk."""
+    return (grad * attn.detach()).mean(dim=-3).clamp(min=0)
 
 
 def clip_then_mean(attn: Tensor, grad: Tensor) -> Tensor:
-    """Chefer's Ā = mean_h(clamp(grad ⊙ A, min=0)): b h nq nk -> b nq nk."""
-    return (grad * attn.detach()).clamp(min=0).mean(dim=1)
+    """Chefer's Ā = mean_h(clamp(grad ⊙ A, min=0)): b (nw) h nq nk -> b (nw) nq nk."""
+    return (grad * attn.detach()).clamp(min=0).mean(dim=-3)
 
 
 def gradient_rollout_from_trace(trace: Trace, target: Target = None, *, discard_ratio: float = 0.0,
@@ -94,7 +99,7 @@ def gradient_rollout_from_trace(trace: Trace, target: Target = None, *, discard_
 
 def chefer_step(row: Tensor, weighted: Tensor, block: BlockTrace) -> Tensor:
     """r·(I + Ā·D): one block of R <- R + Ā·D·R, carried as the readout row."""
-    return row + keys_to_queries(torch.einsum('bq,bqk->bk', row, weighted), block)
+    return row + keys_to_queries(attend(row, weighted, block), block)
 
 
 def chefer_relevance_from_trace(trace: Trace, target: Target = None, *, start_layer: int = 0,

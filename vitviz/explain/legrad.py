@@ -37,6 +37,13 @@ normalisation has no use for the total that D would keep. The map has the key gr
 so averaging layers before or after carrying is the same. For ViT D = I and this is torchcam's
 formula.
 
+Swin. No class token: the classifier reads the mean of the last stage's tokens through the final norm,
+and LeGrad's score of a layer is its mean token through that norm and the classifier, as for every
+model here. Only the last stage's blocks have the classifier's width, so only they get a score (at
+224 px stage 4 is one 7x7 window, and its attention is global over its grid). A windowed block's
+gradient is kept per window; the mean over queries counts every query of the block, a query that did
+not see a key adding 0 to it, which is the dense matrix's column mean (`windows.key_means`).
+
 Cost. One traced forward keeps the graph; then, per layer, `torch.autograd.grad(s_l, A_l)` runs
 only the backward tail from that layer's score to its attention (the classifier, the block's MLP,
 output projection and attention-times-values): autograd executes only the nodes on a path to the
@@ -67,7 +74,8 @@ from torch import Tensor, nn
 from ..models.trace import Trace
 from .cvt import keys_to_queries
 from .gradients import Target, _grad_trace, first_block, resolve_target
-from .rollout import blocks_in_range
+from .rollout import blocks_in_range, needs_attention
+from .windows import key_means
 
 Classifier = Callable[[Tensor], Tensor]   # a block's b n c tokens -> b classes (the models' `pooled_logits`)
 EPS = 1e-8   # torchcam's `_CAM._normalize`
@@ -77,6 +85,7 @@ CLIP_START_LAYER = -2   # legrad_torch's `LeWrapper(layer_index=-2)`: the last t
 def legrad_from_trace(trace: Trace, classifier: Classifier, target: Target = None, *, start_layer: int = 0) -> Tensor:
     """LeGrad of a grad trace, each block scored by `classifier`: b gh gw on the model's last token grid, in [0, 1]
     (`start_layer` < 0: counted from the last block)."""
+    needs_attention(trace, "LeGrad")
     if not trace.logits.requires_grad:
         raise ValueError("this trace has no gradients: make it with model.trace(pixels, grad=True)")
     target = resolve_target(trace.logits, target)[:, None]
@@ -85,7 +94,7 @@ def legrad_from_trace(trace: Trace, classifier: Classifier, target: Target = Non
         block = trace.blocks[i]
         score = classifier(block.tokens).gather(1, target).sum()   # images are independent: per-image gradients
         (grad,) = torch.autograd.grad(score, block.attn, retain_graph=True)
-        keys = grad.clamp(min=0).mean(dim=(1, 2))                   # b h nq nk -> b nk
+        keys = key_means(grad.clamp(min=0).mean(dim=-3), block)     # b (nw) h nq nk -> b nk
         carried = keys_to_queries(keys, block) / keys_to_queries(torch.ones_like(keys), block)   # (m·D) / (1·D)
         maps.append(carried[:, block.prefix:])
     h, w = trace.blocks[-1].query_grid

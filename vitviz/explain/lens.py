@@ -69,8 +69,8 @@ def logit_lens(model: nn.Module, trace: Trace, *, per_patch: bool = False) -> Te
                 logits = model.pooled_logits(grid)   # the mean of one token: that token through norm and head
                 rows.append(rearrange(logits, '(b h w) k -> b h w k', b=block.tokens.shape[0],
                                       h=block.query_grid[0], w=block.query_grid[1]))
-            else:
-                rows.append(model.head_logits(model.norm(block.tokens)))
+            else:   # the rest of the forward from past the last block: the final norm and the classifier
+                rows.append(model.forward_from(len(trace.blocks), block.tokens, block.query_grid))
     return torch.stack(rows, dim=1).float()
 
 

@@ -7,6 +7,11 @@ relevance speaks for the class, negative against it.
 
     R(pixel) = sum_c x_c * dy_target/dx_c   (modified gradients)
 
+Convolutional networks. ConvNeXt takes the same rules (its LayerNorms the LayerNorm rule, its depthwise,
+stem and downsampling convolutions the Gamma rule, layer scale a linear map). A ResNet takes zennit's
+`EpsilonPlusFlat` composite with its ResNet canonizer (`relevance_rules` of the model; the rules in
+`vitviz.models.relevance`): its biases are its BatchNorm shifts, folded into the convolutions.
+
 The token map sums the pixels of each cell of the model's last token grid: a ViT patch, or for CvT
 a cell of the stage-3 grid, whose stride is the product of the three embeddings' strides (16 px):
 cell (i, j) holds pixels [16 i, 16 i + 16) x [16 j, 16 j + 16), the last row and column of cells
@@ -24,6 +29,7 @@ absorbing), and the class token that enters at stage 3 is a parameter, absorbing
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 from torch import Tensor, nn
@@ -34,17 +40,20 @@ from .gradients import Target, resolve_target
 __all__ = ["ATTENTION_RULES", "attnlrp", "cell_sums"]
 
 
-def attnlrp(model: nn.Module, pixels: Tensor, target: Target = None, *, gamma_conv: float = 0.25,
-            gamma_linear: float = 0.05, attention: str = "cp", pixel_map: bool = False) -> Tensor:
+def attnlrp(model: nn.Module, pixels: Tensor, target: Target = None, *, gamma_conv: float | None = None,
+            gamma_linear: float | None = None, attention: str | None = None, pixel_map: bool = False) -> Tensor:
     """AttnLRP relevance for `target` (default: each image's top class): b gh gw on the model's last token
-    grid, each cell the sum of its pixels' relevance; `pixel_map=True`: b h w, one value per pixel."""
+    grid, each cell the sum of its pixels' relevance; `pixel_map=True`: b h w, one value per pixel. The rules
+    are the model's own (`relevance_rules`: AttnLRP's, or for a ResNet zennit's EpsilonPlusFlat), with any
+    knob given here in their place."""
     if model.training:
         raise ValueError("call model.eval() first: in training mode BatchNorm mixes the images of a batch")
     if getattr(getattr(model, "config", None), "num_classes", None) == 0:   # its forward returns features, not logits
         raise ValueError("this model has no classifier, so it has no class to explain: wrap it in "
                          "explain.SimilarityTarget(model, direction) to explain its pooled output's similarity to a "
                          "direction")
-    rules = RelevanceRules(gamma_conv=gamma_conv, gamma_linear=gamma_linear, attention=attention)
+    given = {"gamma_conv": gamma_conv, "gamma_linear": gamma_linear, "attention": attention}
+    rules = replace(getattr(model, "relevance_rules", RelevanceRules()), **{k: v for k, v in given.items() if v is not None})
     pixels = pixels.detach().requires_grad_(True)
     with torch.enable_grad(), relevance_rules(rules):
         logits = model(pixels)

@@ -34,6 +34,8 @@ from torch import Tensor, nn
 
 from ..models.trace import BlockTrace, Trace
 from .gradients import Target, resolve_target
+from .rollout import needs_attention
+from .windows import head_outputs
 
 SITES = ("resid", "head")
 CORRUPTIONS = ("blur", "noise")
@@ -109,7 +111,9 @@ def position_masks(block: BlockTrace, group: int) -> Tensor:
 def patching_plan(trace: Trace, *, site: str = "resid", group: int = 1, batch_size: int = 64) -> Plan:
     """How many batched forwards and patched images `patch_activations` will take for this model and size."""
     _check(site, batch_size)
-    sizes = [len(position_masks(b, group)) if site == "resid" else b.attn.shape[1] for b in trace.blocks]
+    if site == "head":
+        needs_attention(trace, "head patching")
+    sizes = [len(position_masks(b, group)) if site == "resid" else b.attn.shape[-3] for b in trace.blocks]
     return Plan(forwards=sum(math.ceil(n / batch_size) for n in sizes), images=sum(sizes))
 
 
@@ -141,7 +145,7 @@ def patched_heads(model: nn.Module, clean: Trace, corrupted: Trace, index: int, 
     blocks = clean.blocks[index], corrupted.blocks[index]
     if any(b.parts is None for b in blocks):
         raise ValueError("head patching needs traces made with model.trace(pixels, decompose=True)")
-    z_clean, z_corrupted = ((b.attn @ b.parts.values)[0] for b in blocks)   # h nq d
+    z_clean, z_corrupted = (head_outputs(b)[0] for b in blocks)   # h nq d
     heads, _, d = z_clean.shape
     weight = blocks[0].parts.weight.reshape(-1, heads, d)                  # c h d
     deltas = torch.einsum('hnd,chd->hnc', z_clean - z_corrupted, weight)   # what each head's patch adds

@@ -1,12 +1,13 @@
-"""Attention rollout (Abnar & Zuidema 2020), for ViT and, through the key operator D, for CvT.
+"""Attention rollout (Abnar & Zuidema 2020), for ViT, through the key operator D for CvT, and through windows for Swin.
 
 Per block: fuse the heads (mean, max or min), optionally zero each query row's lowest attentions
-(never the class-token column), add the identity for the residual path and re-normalise the rows:
-Ã = (I + fuse(A)·D) / rowsum, with D = I for ViT (see `cvt.py` for CvT's D). The map is the
-readout row of Ã_L ··· Ã_start, carried backwards block by block as a row vector, so no Nq x Nq
-product is formed; it equals the paper's matrix formula. The readout is the class-token row; a
-model without a class token (register ViTs with average pooling) reads the mean of the grid rows,
-which is what its classifier reads.
+(never the class-token column; in a windowed block, the lowest among the keys of the query's window),
+add the identity for the residual path and re-normalise the rows: Ã = (I + fuse(A)·D) / rowsum,
+with D = I for ViT and Swin (see `cvt.py` for CvT's D, `windows.py` for how a windowed A is applied).
+The map is the readout row of Ã_L ··· Ã_start, carried backwards block by block as a row vector, so no
+Nq x Nq product is formed; it equals the paper's matrix formula. The readout is the class-token row; a
+model without a class token (register ViTs with average pooling, Swin) reads the mean of the grid rows,
+which is what its classifier reads. A convolutional network has no attention, and no rollout.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from torch import Tensor
 
 from ..models.trace import BlockTrace, Trace
 from .cvt import keys_to_queries, spread_to_input
+from .windows import attend, row_sums
 
 HEAD_FUSIONS = ("mean", "max", "min")
 
@@ -26,16 +28,16 @@ Propagate = Callable[[Tensor, Tensor, BlockTrace], Tensor]
 
 
 def fuse_heads(attn: Tensor, head_fusion: str) -> Tensor:
-    """b h nq nk -> b nq nk."""
+    """b h nq nk -> b nq nk (windowed: b nw h t t -> b nw t t)."""
     if head_fusion not in HEAD_FUSIONS:
         raise ValueError(f"head_fusion must be one of {HEAD_FUSIONS}, not {head_fusion!r}")
     if head_fusion == "mean":
-        return attn.mean(dim=1)
-    return attn.amax(dim=1) if head_fusion == "max" else attn.amin(dim=1)
+        return attn.mean(dim=-3)
+    return attn.amax(dim=-3) if head_fusion == "max" else attn.amin(dim=-3)
 
 
 def discard_lowest(fused: Tensor, ratio: float, *, keep_column: int | None) -> Tensor:
-    """Zero the lowest `ratio` of every query row's entries (b nq nk), never `keep_column` (the class key).
+    """Zero the lowest `ratio` of every query row's entries (b (nw) nq nk), never `keep_column` (the class key).
 
     Per row and per image: int(ratio * candidates) entries go, candidates being the row's columns
     other than `keep_column`.
@@ -60,7 +62,7 @@ def class_column(block: BlockTrace) -> int | None:
 
 def readout_row(block: BlockTrace) -> Tensor:
     """b nq: the class token's one-hot row, or the mean over grid tokens when there is no class token."""
-    row = block.attn.new_zeros(block.attn.shape[0], block.attn.shape[2])
+    row = block.tokens.new_zeros(block.tokens.shape[:2])
     cls = class_column(block)
     if cls is None:
         row[:, block.prefix:] = 1.0 / (row.shape[1] - block.prefix)
@@ -71,17 +73,25 @@ def readout_row(block: BlockTrace) -> Tensor:
 
 def rollout_step(row: Tensor, fused: Tensor, block: BlockTrace) -> Tensor:
     """r·Ã with Ã = (I + fused·D) / rowsum, without forming Ã (rows of D sum to 1)."""
-    w = row / (1.0 + fused.sum(dim=-1))
-    return w + keys_to_queries(torch.einsum('bq,bqk->bk', w, fused), block)
+    w = row / (1.0 + row_sums(fused, block))
+    return w + keys_to_queries(attend(w, fused, block), block)
+
+
+def needs_attention(trace: Trace, what: str) -> None:
+    """A ValueError in words when the model's blocks do not attend (a convolutional network)."""
+    if not trace.blocks[-1].attends:
+        raise ValueError(f"this model is a convolutional network: its blocks have no attention, so {what} has "
+                         f"nothing to read (Grad-CAM and the relevance methods explain it)")
 
 
 def propagate(trace: Trace, matrices: Callable[[int], Tensor], step: Propagate, *, start_layer: int,
               to_stage: int) -> Tensor:
     """Carry the readout row backwards through the blocks -> b gh gw on the grid of stage `to_stage`.
 
-    matrices(i): block i's b nq nk matrix (fused attention, or its gradient-weighted variant). Blocks
+    matrices(i): block i's b (nw) nq nk matrix (fused attention, or its gradient-weighted variant). Blocks
     before `start_layer` are skipped (identity); between stages the row crosses the later stage's
-    convolutional embedding (prefix tokens dropped: they carry no image content).
+    embedding (CvT's convolution, Swin's patch merging: the row shared over each token's window; prefix
+    tokens dropped: they carry no image content).
     """
     blocks, embeddings = trace.blocks, trace.embeddings
     to_stage = _checked_stage(trace, start_layer=start_layer, to_stage=to_stage)
@@ -102,10 +112,13 @@ def propagate(trace: Trace, matrices: Callable[[int], Tensor], step: Propagate, 
 
 def attention_rollout(trace: Trace, *, head_fusion: str = "mean", discard_ratio: float = 0.0, start_layer: int = 0,
                       to_stage: int = -1) -> Tensor:
-    """Attention rollout: b gh gw on the model's last token grid (`to_stage=0`: CvT's stage-1 grid, experimental).
+    """Attention rollout: b gh gw on the model's last token grid (`to_stage=0`: the stage-1 grid of CvT,
+    experimental, and of Swin, through its patch mergings).
 
-    start_layer indexes `trace.blocks`; for CvT only the last stage's blocks enter the default map.
+    start_layer indexes `trace.blocks`; for CvT and Swin only the last stage's blocks enter the default map.
     """
+    needs_attention(trace, "attention rollout")
+
     def fused(i: int) -> Tensor:
         block = trace.blocks[i]
         attn = fuse_heads(block.attn.detach(), head_fusion)

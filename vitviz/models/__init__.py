@@ -1,16 +1,20 @@
-"""Our ViT and CvT, and the trace they return. Imports nothing from the rest of vitviz."""
+"""Our ViT, CvT, Swin, ResNet and ConvNeXt, and the trace they return. Imports nothing from the rest of vitviz."""
 from torch import Tensor, nn
 
+from .convnext import ConvNeXt, ConvNeXtConfig
 from .cvt import CvT, CvTConfig, CvTStageConfig, convert_transformers_state_dict
-from .trace import BlockTrace, Embedding, Trace, Window
+from .resnet import ResNet, ResNetConfig
+from .swin import Swin, SwinConfig
+from .trace import BlockTrace, Embedding, Trace, Window, WindowPartition
 from .vit import ViT, ViTConfig
 
 
-FAMILIES = {"vit": (ViT, ViTConfig), "cvt": (CvT, CvTConfig)}
+FAMILIES = {"vit": (ViT, ViTConfig), "cvt": (CvT, CvTConfig), "swin": (Swin, SwinConfig),
+            "resnet": (ResNet, ResNetConfig), "convnext": (ConvNeXt, ConvNeXtConfig)}
 
 
-def build(family: str, config: dict) -> ViT | CvT:
-    """A fresh model of `family` ('vit' or 'cvt') from its config as a dict (config.json's form)."""
+def build(family: str, config: dict) -> nn.Module:
+    """A fresh model of `family` (a key of FAMILIES) from its config as a dict (config.json's form)."""
     if family not in FAMILIES:
         raise ValueError(f"unknown model family {family!r}: expected one of {sorted(FAMILIES)}")
     model_cls, config_cls = FAMILIES[family]
@@ -19,6 +23,10 @@ def build(family: str, config: dict) -> ViT | CvT:
 
 def family_of(model: nn.Module) -> str:
     return next(name for name, (model_cls, _) in FAMILIES.items() if isinstance(model, model_cls))
+
+
+def family_of_config(config) -> str:
+    return next(name for name, (_, config_cls) in FAMILIES.items() if isinstance(config, config_cls))
 
 
 def num_params(model: nn.Module) -> int:
@@ -38,5 +46,6 @@ def load_weights(model: nn.Module, state_dict: dict[str, Tensor]) -> None:
                          f"unexpected {unexpected[:5]}{'...' * (len(unexpected) > 5)}")
 
 
-__all__ = ["BlockTrace", "CvT", "CvTConfig", "CvTStageConfig", "Embedding", "Trace", "ViT", "ViTConfig", "Window",
-           "build", "family_of", "num_params", "convert_transformers_state_dict", "load_weights"]
+__all__ = ["BlockTrace", "ConvNeXt", "ConvNeXtConfig", "CvT", "CvTConfig", "CvTStageConfig", "Embedding", "ResNet", "ResNetConfig", "Swin", "SwinConfig", "Trace", "ViT",
+           "ViTConfig", "Window", "WindowPartition", "build", "family_of", "family_of_config", "num_params",
+           "convert_transformers_state_dict", "load_weights"]

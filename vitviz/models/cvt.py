@@ -295,14 +295,16 @@ class CvT(nn.Module):
         """
         blocks, features = [], []
         with torch.set_grad_enabled(grad):
-            x = pixels.detach().requires_grad_(True) if grad else pixels
+            if grad:
+                pixels = pixels.detach().requires_grad_(True)
+            x = pixels
             for i, stage in enumerate(self.stages):
                 x, cls = stage(x, trace=blocks, index=i, keep_normed=grad, decompose=decompose, keep_attn=attention)
                 features.append(x)
             logits = self.head(self.norm(cls[:, 0]))
         input_size = (pixels.shape[2], pixels.shape[3])
         return Trace(logits=logits, blocks=blocks, embeddings=self.embeddings(input_size), features=features,
-                     input_size=input_size)
+                     input_size=input_size, pixels=pixels if grad else None)
 
 
 # transformers' CvtForImageClassification names -> ours, applied in order

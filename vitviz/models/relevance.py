@@ -39,6 +39,15 @@ The rules (lxt's, as in its ViT example; the derivations are the paper's):
   halves the relevance each factor receives; in gradient x input form that is the gradients of q and k
   divided by 4 and of v by 2.
 
+A convolutional network (a ResNet) takes zennit's `EpsilonPlusFlat` composite with its ResNet
+canonizer instead (`RelevanceRules(conv="zplus", first_conv="flat", gamma_linear=0)`, the model's
+`relevance_rules`): every BatchNorm folded into the convolution before it (zennit's MergeBatchNorm), the
+z+ rule on the convolutions (R_i = x+_i (W+^T g) + x-_i (W-^T g), g = R / (x+ W+ + b+ + x- W-)), the
+flat rule on the first one (R_i = sum_j R_j / |window of j|: every input of a window alike, its value
+ignored), LRP-epsilon with epsilon 1e-6 on the classifier (gamma 0 above), ReLU and max pooling passing
+relevance as their gradient does, and the residual sums and the average pool the LRP-0 "norm" rule,
+which is the gradient times the input through a sum.
+
 What is conserved: with `attention="cp"`, every rule above conserves relevance up to the
 stabilisers, so the relevance of the pixels plus what the biases, LayerNorm shifts, BatchNorm shifts,
 position embeddings and prefix tokens (class, distillation, register) absorb equals the target logit.
@@ -58,6 +67,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 ATTENTION_RULES = ("cp", "attnlrp")
+CONV_RULES = ("gamma", "zplus")
 GAMMA_STABILIZER = 1e-6   # zennit's default for the Gamma rule's denominators
 INPUT_STABILIZER = 1e-10  # lxt's, dividing relevance by a layer's input
 
@@ -67,12 +77,17 @@ class RelevanceRules:
     gamma_conv: float = 0.25     # the Gamma rule's gamma on convolutions (token embeddings)
     gamma_linear: float = 0.05   # on linear layers outside the attention (MLP, classifier)
     attention: str = "cp"        # 'cp': relevance through the values only; 'attnlrp': the paper's rules
+    conv: str = "gamma"          # the rule on convolutions a BatchNorm follows (a ResNet's): 'gamma' or 'zplus'
+    first_conv: str | None = None   # the first of those: 'flat', or None for `conv`
 
     def __post_init__(self):
         if self.attention not in ATTENTION_RULES:
             raise ValueError(f"attention must be one of {ATTENTION_RULES}, not {self.attention!r}")
         if self.gamma_conv < 0 or self.gamma_linear < 0:
             raise ValueError(f"gamma must be at least 0, not {self.gamma_conv} / {self.gamma_linear}")
+        if self.conv not in CONV_RULES or self.first_conv not in (None, *CONV_RULES, "flat"):
+            raise ValueError(f"conv rules must be one of {CONV_RULES} (the first also 'flat'), not "
+                             f"{self.conv!r} / {self.first_conv!r}")
 
 
 _ACTIVE: ContextVar[RelevanceRules | None] = ContextVar("vitviz_relevance_rules", default=None)
@@ -145,6 +160,68 @@ class _Gamma(torch.autograd.Function):
         return relevance_in / _stabilized(x, INPUT_STABILIZER), None, None, None, None, None
 
 
+class _ZPlus(torch.autograd.Function):
+    """zennit's ZPlus (alpha 1, beta 0) for a convolution z = conv(x, W) + b: the relevance of an output goes to
+    the contributions x+ W+ (with b+) and x- W-, in proportion."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, conv, transpose):
+        pos_w, neg_w = weight.clamp(min=0), weight.clamp(max=0)
+        favoured = conv(x.clamp(min=0), pos_w) + bias.clamp(min=0) + conv(x.clamp(max=0), neg_w)
+        z = conv(x, weight) + bias
+        ctx.save_for_backward(x, weight, z, favoured)
+        ctx.transpose = transpose
+        return z
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, weight, z, favoured = ctx.saved_tensors
+        g = grad_out * z / _stabilized(favoured, GAMMA_STABILIZER)
+        relevance_in = (x.clamp(min=0) * ctx.transpose(g, weight.clamp(min=0))
+                        + x.clamp(max=0) * ctx.transpose(g, weight.clamp(max=0)))
+        return relevance_in / _stabilized(x, INPUT_STABILIZER), None, None, None, None
+
+
+class _Flat(torch.autograd.Function):
+    """zennit's Flat rule for a convolution: an output's relevance shared equally among its window's inputs
+    (all-ones weights, no bias, the inputs' values ignored)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, conv, transpose):
+        ones = torch.ones_like(weight)
+        z = conv(x, weight) + bias
+        ctx.save_for_backward(x, ones, conv(torch.ones_like(x), ones), z)
+        ctx.transpose = transpose
+        return z
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, ones, count, z = ctx.saved_tensors
+        relevance_in = ctx.transpose(grad_out * z / _stabilized(count, GAMMA_STABILIZER), ones)
+        return relevance_in / _stabilized(x, INPUT_STABILIZER), None, None, None, None
+
+
+class _Norm(torch.autograd.Function):
+    """zennit's Norm rule (LRP-0 with its 1e-6 stabiliser) for a sum or a mean z of the inputs: R_i = x_i R / z. In
+    gradient x input form the gradient is the output's, scaled by z / stabilised z."""
+
+    @staticmethod
+    def forward(ctx, fn, *inputs):
+        z = fn(*inputs)
+        ctx.fn = fn
+        ctx.save_for_backward(z, *inputs)
+        return z
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        z, *inputs = ctx.saved_tensors
+        scaled = grad_out * z / _stabilized(z, GAMMA_STABILIZER)
+        with torch.enable_grad():   # the fn's own gradient (a sum: 1, a mean: 1 / n) for the scaled signal
+            leaves = [x.detach().requires_grad_(True) for x in inputs]
+            grads = torch.autograd.grad(ctx.fn(*leaves), leaves, scaled)
+        return None, *grads
+
+
 class _Identity(torch.autograd.Function):
     """R_in = R_out through an element-wise non-linearity f: the gradient is f(x) / x (lxt's form)."""
 
@@ -203,6 +280,49 @@ class GammaConv2d(nn.Conv2d):
 
         bias = None if self.bias is None else self.bias[:, None, None]
         return _Gamma.apply(x, self.weight, bias, rules.gamma_conv, apply_weights, transpose)
+
+
+def conv_bn(x: Tensor, conv: nn.Conv2d, bn: nn.BatchNorm2d, *, first: bool = False) -> Tensor:
+    """bn(conv(x)) (eval-mode BatchNorm); under relevance rules, the two as one convolution (zennit's
+    MergeBatchNorm) taking `rules.conv`, or for the network's first convolution `rules.first_conv`."""
+    rules = _ACTIVE.get()
+    if rules is None:
+        return bn(conv(x))
+    scale = bn.weight / (bn.running_var + bn.eps).sqrt()
+    weight = conv.weight * scale[:, None, None, None]
+    bias = (bn.bias - bn.running_mean * scale + (0 if conv.bias is None else conv.bias * scale))[:, None, None]
+    size = x.shape
+
+    def apply_weights(inputs: Tensor, w: Tensor) -> Tensor:
+        return F.conv2d(inputs, w, None, conv.stride, conv.padding, conv.dilation, conv.groups)
+
+    def transpose(grad: Tensor, w: Tensor) -> Tensor:
+        return torch.nn.grad.conv2d_input(size, w, grad, conv.stride, conv.padding, conv.dilation, conv.groups)
+
+    rule = (rules.first_conv or rules.conv) if first else rules.conv
+    if rule == "gamma":
+        return _Gamma.apply(x, weight, bias, rules.gamma_conv, apply_weights, transpose)
+    return (_Flat if rule == "flat" else _ZPlus).apply(x, weight, bias, apply_weights, transpose)
+
+
+def norm_sum(a: Tensor, b: Tensor) -> Tensor:
+    """a + b (a residual addition); under a convolutional composite's rules, zennit's Norm rule for it."""
+    rules = _ACTIVE.get()
+    if rules is None or rules.conv == "gamma":
+        return a + b
+    return _Norm.apply(torch.add, a, b)
+
+
+def norm_mean(x: Tensor) -> Tensor:
+    """b c h w -> b c, the global average pool; under a convolutional composite's rules, zennit's Norm rule."""
+    rules = _ACTIVE.get()
+    if rules is None or rules.conv == "gamma":
+        return x.mean(dim=(2, 3))
+    return _Norm.apply(_spatial_mean, x)
+
+
+def _spatial_mean(x: Tensor) -> Tensor:
+    return x.mean(dim=(2, 3))
 
 
 def _linear(x: Tensor, weight: Tensor) -> Tensor:

@@ -6,7 +6,9 @@ model's input without knowing which architecture produced it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
+import torch
 from torch import Tensor
 
 
@@ -28,6 +30,57 @@ class Embedding:
     grid: tuple[int, int]   # the token grid it produces (h, w), read off the conv output
 
 
+@dataclass(frozen=True)
+class WindowPartition:
+    """How a windowed attention (Swin) cut its token grid: rolled by -shift on both axes (`torch.roll`),
+    padded at the bottom and right to whole windows, cut into size x size windows in row-major order.
+    Every query attends to the keys of its own window alone, so the attention is kept per window, and
+    a shifted block also keeps apart, inside one window, the sub-windows the roll brought together."""
+
+    size: int                  # window side, in tokens
+    shift: int                 # the roll, in tokens (0: regular windows)
+    grid: tuple[int, int]      # the token grid (h, w) before padding
+
+    @property
+    def padded(self) -> tuple[int, int]:
+        return tuple(-(-n // self.size) * self.size for n in self.grid)
+
+    @property
+    def count(self) -> tuple[int, int]:
+        """Windows per column and per row."""
+        return tuple(n // self.size for n in self.padded)
+
+    @cached_property
+    def index(self) -> Tensor:
+        """nw t (long): the grid token (row-major on the unrolled grid) at each window position; padding
+        positions hold h*w, one past the last token."""
+        (h, w), (hp, wp) = self.grid, self.padded
+        rows, cols = torch.arange(hp)[:, None], torch.arange(wp)[None, :]
+        token = ((rows + self.shift) % h) * w + (cols + self.shift) % w
+        token = torch.where((rows < h) & (cols < w), token, h * w)
+        return _windows(token, self.size)
+
+    @cached_property
+    def masked(self) -> Tensor | None:
+        """nw t t (bool): the query-key pairs a shifted block keeps apart (timm's `attn_mask` regions, on the
+        padded grid); None without a shift."""
+        if not self.shift:
+            return None
+        region = []
+        for n in self.padded:   # three bands per axis: untouched, the window before the wrap, the wrapped part
+            band = torch.zeros(n, dtype=torch.long)
+            band[n - self.size:n - self.shift], band[n - self.shift:] = 1, 2
+            region.append(band)
+        label = _windows(region[0][:, None] * 3 + region[1][None, :], self.size)
+        return label[:, :, None] != label[:, None, :]
+
+
+def _windows(values: Tensor, size: int) -> Tensor:
+    """hp wp -> nw t: the window partition, windows row-major and positions row-major inside each."""
+    hp, wp = values.shape
+    return values.reshape(hp // size, size, wp // size, size).permute(0, 2, 1, 3).reshape(-1, size * size)
+
+
 @dataclass
 class AttentionParts:
     """How a block's heads write into the residual stream (TransformerLens' names in brackets), for
@@ -40,7 +93,8 @@ class AttentionParts:
 
 @dataclass
 class BlockTrace:
-    attn: Tensor | None            # b h nq nk, post-softmax (None from trace(..., attention=False))
+    attn: Tensor | None            # post-softmax, heads at dim -3, queries -2, keys -1: b h nq nk (global), or
+                                   # b nw h t t per window (`windows`); None from trace(..., attention=False)
     tokens: Tensor                 # b n c, the block's output (prefix tokens first)
     stage: int                     # index into Trace.embeddings
     query_grid: tuple[int, int]
@@ -52,6 +106,8 @@ class BlockTrace:
     inputs: Tensor | None = None   # b n c, the tokens the block read (resid_pre; `tokens` is resid_post): the
                                    # previous block's output, or for a stage's first block its embedding
     parts: AttentionParts | None = None   # kept by traces made with decompose=True only
+    windows: WindowPartition | None = None   # windowed attention (Swin): which keys each query saw
+    attends: bool = True           # False: a convolutional block, which has no attention at all (ResNet, ConvNeXt)
 
     @property
     def prefix(self) -> int:
@@ -68,7 +124,10 @@ class Trace:
     pooled: Tensor | None = None        # b c, what the classifier reads (timm's pre-logits): a headless model's
                                         # output (ViT; None for CvT)
     final_tokens: Tensor | None = None  # b n c, the last block's tokens through the final norm, as timm's
-                                        # forward_features returns them (ViT; None for CvT)
+                                        # forward_features returns them (ViT, Swin; None for CvT)
+    pixels: Tensor | None = None   # b 3 h w, the leaf a trace made with grad=True differentiates to (None otherwise)
+    residual_stream: bool = True   # each block's output is its input plus what it added (False: a ResNet, whose
+                                   # ReLU after each addition makes the stream no sum of the blocks' parts)
 
     @property
     def has_classifier(self) -> bool:

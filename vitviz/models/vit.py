@@ -296,5 +296,6 @@ class ViT(nn.Module):
         features = rearrange(x[:, self.num_prefix:], 'b (h w) c -> b c h w', h=grid[0], w=grid[1])
         in_grid = (pixels.shape[2], pixels.shape[3])
         return Trace(logits=logits, blocks=blocks, embeddings=self.embeddings(in_grid), features=[features],
-                     input_size=in_grid, pooled=pooled, final_tokens=final)
+                     input_size=in_grid, pooled=pooled, final_tokens=final,
+                     pixels=pixels if grad else None)
 

@@ -1,0 +1,99 @@
+"""Effective receptive field (Luo et al., NeurIPS 2016): how far each block of any model looks, in pixels.
+
+Per block l, take the grid token t nearest the centre of the input (the first of equally near ones;
+prefix tokens never: they are not on the grid) and its output summed over channels,
+y_l = sum_c X_l[t, c]. The map is how strongly each input pixel moves it,
+
+    ERF_l(u, v) = mean over the batch of  sum over colour channels of |∂ y_l / ∂ x[:, u, v]|,
+
+at the model's input resolution. Where a convolution's theoretical receptive field is a hard square
+that only grows with depth, the effective one is the part of it that matters: Luo et al. show it is
+Gaussian-like and far smaller. Attention has no theoretical bound at all (a ViT's first block can read
+every patch), so the same gradient measures how far it looks in fact, and it is defined the same way
+for ViT, CvT, Swin and the CNNs: that is what makes the comparison (Raghu et al. 2021's "how far does
+each layer look") fair.
+
+Radii. With d(u, v) the distance from the pixel's centre (u + 0.5, v + 0.5) to the centre of t's
+receptive field (`distance.token_centres`' geometry), r_p is the smallest distance whose disc holds a
+share p of the map's mass: pixels sorted by d, their mass accumulated, the distance where the running
+sum first reaches p times the total. `r50` and `r90` are in input pixels; `share` divides them by the
+input's shorter side. A map with no mass (a block the centre token does not depend on) has radius 0.
+
+Cost: one traced forward that keeps the graph, then one backward per block from its centre token to the
+pixels (autograd runs only the part of the graph below that block), so every block's map costs about
+as much as hooks and `torch.autograd.grad` on a reference model.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from ..models.trace import Trace
+from .distance import token_centres
+
+
+@dataclass
+class ReceptiveField:
+    blocks: list[int]   # indices into trace.blocks
+    maps: Tensor        # blocks H W, the mean over the batch of sum_channels |dy / dx|
+    r50: Tensor         # blocks, input pixels: the radius around the centre token holding 50 % of the map's mass
+    r90: Tensor         # blocks, input pixels: 90 %
+    centres: Tensor     # blocks 2, the centre token's receptive-field centre (y, x) in input pixels
+    input_size: tuple[int, int]
+
+    @property
+    def share(self) -> tuple[Tensor, Tensor]:
+        """(r50, r90) as fractions of the input's shorter side."""
+        side = min(self.input_size)
+        return self.r50 / side, self.r90 / side
+
+
+def centre_token(trace: Trace, index: int) -> tuple[int, Tensor]:
+    """(position of the grid token nearest the input's centre in block `index`'s token sequence, its centre (y, x))."""
+    block = trace.blocks[index]
+    centres, _ = token_centres(trace, index)   # (h w) 2, input pixels
+    middle = centres.new_tensor([trace.input_size[0] / 2, trace.input_size[1] / 2])
+    nearest = int((centres - middle).norm(dim=-1).argmin())   # argmin: the first of equally near tokens
+    return block.prefix + nearest, centres[nearest]
+
+
+def radius(maps: Tensor, centres: Tensor, share: float) -> Tensor:
+    """blocks H W maps, blocks 2 centres (y, x) -> blocks: the distance whose disc holds `share` of each map's mass."""
+    _, h, w = maps.shape
+    ys, xs = torch.meshgrid(torch.arange(h, dtype=torch.float64) + 0.5, torch.arange(w, dtype=torch.float64) + 0.5,
+                            indexing="ij")
+    out = []
+    for values, (cy, cx) in zip(maps.double().cpu(), centres.double().cpu()):
+        distance = ((ys - cy) ** 2 + (xs - cx) ** 2).sqrt().flatten()
+        order = distance.argsort(stable=True)
+        running = values.flatten()[order].cumsum(0)
+        total = running[-1]
+        if total <= 0:
+            out.append(0.0)
+            continue
+        out.append(float(distance[order][int((running < share * total).sum().clamp(max=len(order) - 1))]))
+    return torch.tensor(out)
+
+
+def receptive_field(model: nn.Module, pixels: Tensor, blocks: Sequence[int] | None = None) -> ReceptiveField:
+    """Every block's effective receptive field (or those in `blocks`, indices into `trace.blocks`) for a batch of
+    pixels (b 3 H W): maps at the input resolution with their 50 % and 90 % radii (see the module docstring)."""
+    if model.training:
+        raise ValueError("call model.eval() first: in training mode BatchNorm mixes the images of a batch")
+    with torch.enable_grad():
+        trace = model.trace(pixels, grad=True)
+        indices = list(range(len(trace.blocks))) if blocks is None else [range(len(trace.blocks))[i] for i in blocks]
+        maps, centres = [], []
+        for i in indices:
+            token, centre = centre_token(trace, i)
+            y = trace.blocks[i].tokens[:, token].sum()   # images are independent: per-image gradients
+            (grad,) = torch.autograd.grad(y, trace.pixels, retain_graph=i != indices[-1])
+            maps.append(grad.abs().sum(dim=1).mean(dim=0).detach())
+            centres.append(centre)
+    maps, centres = torch.stack(maps), torch.stack(centres)
+    return ReceptiveField(blocks=indices, maps=maps, r50=radius(maps, centres, 0.5), r90=radius(maps, centres, 0.9),
+                          centres=centres, input_size=tuple(pixels.shape[-2:]))
+
