@@ -167,3 +167,102 @@ def test_convnext_relevance_of_the_pixels_sums_to_the_target_logit_when_biases_a
     logits = model(pixels).detach().gather(1, targets[:, None])[:, 0]
     relevance = explain.attnlrp(model, pixels, targets, pixel_map=True).sum(dim=(1, 2))
     assert ((relevance - logits).abs() / logits.abs()).max() <= 0.01
+
+
+# ---------------------------------------------------------------- Grad-CAM, attribution, patching
+
+@pytest.mark.parametrize("name", ["resnet50", "convnext_tiny"])
+def test_gradcam_equals_grad_cam_at_the_last_stage_on_the_timm_model(name):
+    from pytorch_grad_cam import GradCAM
+    from pytorch_grad_cam.utils.image import scale_cam_image
+    from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget
+
+    from test_attribution import GradCAMOnTheGrid
+    from vitviz import explain
+
+    reference = timm_reference(name, std=0.05)
+    config = TIMM_CASES[name][0]
+    ours = (ResNet if isinstance(config, ResNetConfig) else ConvNeXt)(config).eval()
+    load_weights(ours, reference.state_dict())
+    layers = [reference.layer4[-1]] if name.startswith("resnet") else [reference.stages[-1]]
+    pixels = torch.randn(2, 3, 128, 128)
+    with torch.no_grad():
+        target = reference(pixels).argmax(-1).tolist()   # each image's top class: a map with structure
+    targets = [ClassifierOutputTarget(t) for t in target]
+    with GradCAMOnTheGrid(reference, layers, grid=(4, 4)) as cam:
+        on_grid = cam(pixels, targets)
+    with GradCAM(reference, layers) as cam:
+        resized = cam(pixels, targets)
+    actual = explain.gradcam(ours, pixels, torch.tensor(target))
+    import numpy as np
+    np.testing.assert_allclose(actual.numpy(), on_grid, rtol=0, atol=1e-4)
+    np.testing.assert_allclose(scale_cam_image(scale_cam_image(actual.numpy(), (128, 128))), resized, rtol=0, atol=1e-4)
+    assert (on_grid.reshape(2, -1).std(-1) > 0.05).all()
+
+
+def small_cnn(kind: str, seed: int = 0):
+    torch.manual_seed(seed)
+    if kind == "resnet":
+        return perturb_(ResNet(ResNetConfig(block="basic", layers=(1, 1, 1), widths=(8, 16, 24), stem_width=8,
+                                            stem_kernel=3, num_classes=5)), std=0.2)
+    return perturb_(ConvNeXt(ConvNeXtConfig(depths=(1, 1, 2), dims=(8, 16, 24), num_classes=5)), std=0.2)
+
+
+def test_convnext_direct_logit_attribution_parts_sum_to_the_logit_and_a_resnet_is_refused_in_words():
+    from vitviz import explain
+
+    model = small_cnn("convnext")
+    pixels = torch.randn(2, 3, 32, 32)
+    trace = model.trace(pixels, decompose=True)
+    target = trace.logits.argmax(-1)
+    parts = explain.direct_logit_attribution(model, trace, target, foil=(target + 1) % 5)
+    assert_max_abs(parts.total(), parts.logit, 1e-4 * float(parts.logit.abs().max()), "ConvNeXt parts")
+    assert parts.heads.shape[-1] == 0 and len(parts.layers) == 2 and parts.table(0)["top_head"] is None
+    resnet = small_cnn("resnet")
+    with pytest.raises(ValueError, match="a ReLU follows each addition"):
+        explain.direct_logit_attribution(resnet, resnet.trace(pixels, decompose=True))
+    with pytest.raises(explain.NoAttention, match="convolutional network"):
+        explain.attention_rollout(resnet.trace(pixels))
+
+
+def test_resnet_residual_patching_matches_forward_hooks_on_timms_blocks():
+    from test_decide import inputs_of, reference_effect, replaced_input
+    from vitviz import explain
+
+    reference = timm_reference("resnet18", std=0.05)
+    ours = ResNet(TIMM_CASES["resnet18"][0]).eval()
+    load_weights(ours, reference.state_dict())
+    torch.manual_seed(1)
+    clean = torch.randn(1, 3, 64, 64)
+    corrupted = explain.corrupt(clean, "noise", strength=1.0)
+    blocks = [b for stage in (reference.layer1, reference.layer2, reference.layer3, reference.layer4) for b in stage]
+    with torch.no_grad(), inputs_of(blocks) as clean_inputs:
+        reference(clean)
+    result = explain.patch_activations(ours, clean, corrupted, site="resid", group=2)
+    m = result.metric
+    for l, block in enumerate(blocks):
+        h, w = clean_inputs[l].shape[-2:]
+        for i in range(-(-h // 2)):
+            for j in range(-(-w // 2)):
+                def replace(x, i=i, j=j, l=l):
+                    x[..., 2 * i:2 * i + 2, 2 * j:2 * j + 2] = clean_inputs[l][..., 2 * i:2 * i + 2, 2 * j:2 * j + 2]
+                    return x
+                expected = reference_effect(lambda: reference(corrupted), m, replaced_input(block, replace))
+                assert abs(float(result.grid[l][i, j]) - expected) <= 1e-5, f"block {l}, square {i, j}"
+    with pytest.raises(explain.NoAttention):
+        explain.patch_activations(ours, clean, corrupted, site="head")
+
+
+@pytest.mark.parametrize("kind", ["resnet", "convnext"])
+def test_reinitialising_the_weights_changes_every_map_that_explains_a_class(kind):
+    """Adebayo et al. 2018's model-randomisation check, for the CNNs' methods."""
+    from test_explain import spearman
+    from vitviz import explain
+
+    model, reinitialised = small_cnn(kind, 0), small_cnn(kind, 123)
+    pixels = torch.randn(4, 3, 128, 128, generator=torch.Generator().manual_seed(0))   # an 8x8 last grid
+    target = model(pixels).argmax(-1)
+    for name, method in {"Grad-CAM": explain.gradcam, "LRP": explain.attnlrp}.items():
+        original, randomised = method(model, pixels, target), method(reinitialised, pixels, target)
+        for b in range(len(pixels)):
+            assert spearman(original[b], randomised[b]) < 0.5, f"{name}, image {b}"

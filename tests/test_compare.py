@@ -308,3 +308,38 @@ def test_the_readme_shows_the_shipped_comparison_of_the_bundled_pair():
                   f"to {cls.a_vs_b[-1, -1]:.2f} between the two last blocks"]:
         assert claim in words, claim
     assert cls.a_vs_b[-1, -1] == cls.a_vs_b.max() and mean.a_vs_b.argmax(1).max() <= 2   # "closest", "first two stages"
+
+
+@pytest.mark.parametrize("family", ["swin", "resnet"])
+def test_cka_between_a_vit_and_another_family_equals_pytorch_cka_hooks_on_timm(family):
+    """A ViT's blocks against a Swin's (windowed attention, merging) or a ResNet's (convolutions, BatchNorm):
+    pytorch-cka hooks timm's blocks (their outputs flattened: b h w c for Swin, b c h w for the ResNet, whose
+    order the Gram matrices do not see); ours reads the same blocks' tokens from the traces."""
+    from cka import compute_cka
+
+    from test_swin import ours_of, timm_swin
+    from vitviz.models import ResNet, ResNetConfig
+
+    torch.manual_seed(0)
+    timm_vit = perturb_(timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8,
+                                          depth=3, embed_dim=48, num_heads=3, num_classes=10), std=VIT_STD)
+    vit = ViT(vit_config_of(timm_vit)).eval()
+    load_weights(vit, timm_vit.state_dict())
+    if family == "swin":
+        other_ref = timm_swin(img_size=32, patch_size=2, embed_dim=16, depths=(2, 2), num_heads=(1, 2), window_size=4,
+                              num_classes=10)
+        other = ours_of(other_ref)
+        layers = [f"layers.{s}.blocks.{j}" for s, stage in enumerate(other_ref.layers) for j in range(len(stage.blocks))]
+    else:
+        other_ref = perturb_(timm.create_model("resnet18", pretrained=False, num_classes=10), std=0.05)
+        other = ResNet(ResNetConfig(block="basic", layers=(2, 2, 2, 2), num_classes=10)).eval()
+        load_weights(other, other_ref.state_dict())
+        layers = [f"layer{s + 1}.{j}" for s in range(4) for j in range(2)]
+    models = [m.double().eval() for m in (timm_vit, vit, other_ref, other)]
+    batches = [torch.randn(n, 3, 32, 32, dtype=torch.float64) for n in (6, 7)]
+    ours = ours_over((models[1], models[3]), batches, "flat")
+    [theirs] = compute_cka(models[0], models[2], [batches], layers=[f"blocks.{i}" for i in range(3)],
+                           model2_layers=layers, device="cpu", progress=False)
+    theirs = theirs.double().numpy()
+    assert ((theirs > 0.001) & (theirs < 0.999)).sum() >= 3, "a comparison of clamped values only"
+    np.testing.assert_allclose(np.clip(ours.a_vs_b, 0, 1), theirs, atol=1e-5, rtol=0)

@@ -374,3 +374,77 @@ def test_a_transformers_swin_checkpoint_loads_with_its_processor_and_id2label(hu
     with torch.no_grad():
         assert_max_abs(loaded.model(pixels), reference(pixel_values=pixels).logits, 1e-4, "transformers' Swin")
     assert loaded.family == "swin" and loaded.labels == ("tabby", "beagle", "ship")
+
+
+# ---------------------------------------------------------------- what decides, relevance
+
+def test_direct_logit_attribution_parts_sum_to_the_logit_and_token_effects_to_the_heads():
+    _, ours = small_pair()
+    pixels = torch.randn(2, 3, 112, 112)
+    trace = ours.trace(pixels, decompose=True)
+    target = trace.logits.argmax(-1)
+    parts = explain.direct_logit_attribution(ours, trace, target, foil=(target + 1) % 6)
+    scale = float(parts.logit.abs().max())
+    assert_max_abs(parts.total(), parts.logit, 1e-4 * scale, "parts against the logit")
+    assert_max_abs(parts.token_effects.sum(dim=-1), parts.heads, 1e-5 * scale, "token effects against heads")
+    assert parts.layers == [4, 5] and parts.heads.shape[-1] == 4   # the last stage's two blocks, 4 heads
+    maps = explain.token_effect_maps(parts, trace)
+    assert maps.shape == (2, 2, 4, 7, 7)
+
+
+def test_residual_patching_matches_forward_hooks_on_timms_blocks():
+    from test_decide import inputs_of, reference_effect, replaced_input
+
+    reference, ours = small_pair()
+    torch.manual_seed(1)
+    clean = torch.randn(1, 3, 112, 112)
+    corrupted = explain.corrupt(clean, "noise", strength=1.0)
+    blocks = [block for stage in reference.layers for block in stage.blocks]
+    with torch.no_grad(), inputs_of(blocks) as clean_inputs:   # timm's blocks read b h w c
+        reference(clean)
+    result = explain.patch_activations(ours, clean, corrupted, site="resid", group=4)
+    m = result.metric
+    for l, block in enumerate(blocks):
+        h, w = clean_inputs[l].shape[1:3]
+        assert result.grid[l].shape == (-(-h // 4), -(-w // 4))
+        for i, j in ((0, 0), (h // 8, w // 8), (-(-h // 4) - 1, 0)):
+            def replace(x, i=i, j=j, l=l):
+                x[:, 4 * i:4 * i + 4, 4 * j:4 * j + 4] = clean_inputs[l][:, 4 * i:4 * i + 4, 4 * j:4 * j + 4]
+                return x
+            expected = reference_effect(lambda: reference(corrupted), m, replaced_input(block, replace))
+            # float32 through six blocks of windows, divided by the metric's difference: 2e-5
+            assert abs(float(result.grid[l][i, j]) - expected) <= 2e-5 * max(1.0, abs(expected)), f"block {l}, {i, j}"
+
+
+def test_head_patching_matches_forward_hooks_on_timms_output_projection():
+    from test_decide import inputs_of, reference_effect, replaced_input
+
+    reference, ours = small_pair()
+    torch.manual_seed(2)
+    clean = torch.randn(1, 3, 112, 112)
+    corrupted = explain.corrupt(clean, "blur", strength=4.0)
+    result = explain.patch_activations(ours, clean, corrupted, site="head")
+    blocks = [block for stage in reference.layers for block in stage.blocks]
+    with torch.no_grad(), inputs_of([b.attn.proj for b in blocks]) as clean_z:   # b*nw t (h d), window order
+        reference(clean)
+    for l, block in enumerate(blocks):
+        heads = block.attn.num_heads
+        d = block.attn.proj.in_features // heads
+        for h in range(heads):
+            def replace(z, l=l, h=h):
+                z[..., h * d:(h + 1) * d] = clean_z[l][..., h * d:(h + 1) * d]
+                return z
+            expected = reference_effect(lambda: reference(corrupted), result.metric,
+                                        replaced_input(block.attn.proj, replace))
+            assert abs(float(result.heads[l, h]) - expected) <= 1e-5, f"block {l}, head {h}"
+
+
+def test_relevance_of_the_pixels_sums_to_the_target_logit_when_biases_are_zero():
+    from test_relevance import homogeneous_
+
+    _, ours = small_pair()
+    model = homogeneous_(ours)
+    pixels, targets = torch.randn(2, 3, 112, 112), torch.tensor([1, 4])
+    logits = model(pixels).detach().gather(1, targets[:, None])[:, 0]
+    relevance = explain.attnlrp(model, pixels, targets, pixel_map=True).sum(dim=(1, 2))
+    assert ((relevance - logits).abs() / logits.abs()).max() <= 0.01

@@ -208,7 +208,7 @@ def cmd_compare(args) -> int:
         raise UsageError(f"--batch-size must be at least {MIN_BATCH} (the debiased HSIC needs 4 images a batch)")
     try:
         compare(models=args.models, data=args.data, out=args.out, limit=args.limit, tokens=args.tokens,
-                batch_size=args.batch_size, device=args.device)
+                batch_size=args.batch_size, device=args.device, receptive=args.receptive_field)
     except DataError:
         raise
     except ValueError as e:   # too few images, no class token for --tokens cls, more ranks than batches
@@ -311,6 +311,8 @@ def parser() -> argparse.ArgumentParser:
                         "or every token flattened")
     c.add_argument("--batch-size", type=int, default=64, help="images per batch (at least 4; the unit of sharding)")
     c.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    c.add_argument("--receptive-field", action="store_true",
+                   help="also every block's effective receptive field, averaged over the images (receptive-field.npz)")
     c.set_defaults(run=cmd_compare)
     a = sub.add_parser("anatomy", help="ViT paper figure 7 views of a model, averaged over images")
     a.add_argument("model")

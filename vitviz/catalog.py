@@ -3,7 +3,8 @@
 Hub entries are the repos timm and Microsoft publish (timm's own `pretrained_cfg` registry names
 these repos); they are not pinned to a commit, so `vitviz.load` records the commit it got. The two
 bundled models are vitviz's own CIFAR-10 checkpoints in the repository's `checkpoints/` folder and
-need no network. DINO and DINOv2 are self-supervised: they have no classifier, so no predictions.
+need no network. Swin, ResNet and ConvNeXt are the designs the transformers are compared with (Liu et
+al. 2021 and 2022, He et al. 2016; Raghu et al. 2021 put ViT beside ResNet). DINO and DINOv2 are self-supervised: they have no classifier, so no predictions.
 CLIP models (`takes_prompts`) classify over the prompts a person gives them (`LoadedModel.with_prompts`):
 OpenAI's ViT-B/16 from timm's repo of it (open_clip's files beside timm's) and LAION's ViT-B/32
 from its own repo (open_clip's files beside transformers').
@@ -24,7 +25,7 @@ CHECKPOINTS = Path(__file__).resolve().parent.parent / "checkpoints"
 class CatalogEntry:
     name: str
     source: str          # a Hub repo id, or a folder name under checkpoints/ for a bundled model
-    family: str          # 'vit' or 'cvt'
+    family: str          # a key of `models.FAMILIES`: 'vit', 'cvt', 'swin', 'resnet', 'convnext'
     summary: str         # one line for menus and `python -m vitviz models`
     bundled: bool = False
     size: int | None = None   # input size (px) it runs at by default; None: the checkpoint's own
@@ -78,6 +79,24 @@ CATALOG: dict[str, CatalogEntry] = {e.name: e for e in [
     CatalogEntry("cvt-13-384", "microsoft/cvt-13-384", "cvt", "CvT-13, 384 px, ImageNet-1k, 20 M parameters"),
     CatalogEntry("cvt-w24-384", "microsoft/cvt-w24-384-22k", "cvt",
                  "CvT-W24, 384 px, ImageNet-22k then 1k, 277 M parameters"),
+    CatalogEntry("swin-tiny", "timm/swin_tiny_patch4_window7_224.ms_in1k", "swin",
+                 "Swin-T, 7x7 shifted windows, 224 px, ImageNet-1k, 28 M parameters"),
+    CatalogEntry("swin-small", "timm/swin_small_patch4_window7_224.ms_in1k", "swin",
+                 "Swin-S, 7x7 shifted windows, 224 px, ImageNet-1k, 50 M parameters"),
+    CatalogEntry("swin-base", "timm/swin_base_patch4_window7_224.ms_in22k_ft_in1k", "swin",
+                 "Swin-B, 7x7 shifted windows, 224 px, ImageNet-22k then 1k, 88 M parameters"),
+    CatalogEntry("swin-base-384", "timm/swin_base_patch4_window12_384.ms_in22k_ft_in1k", "swin",
+                 "Swin-B, 12x12 shifted windows, 384 px, ImageNet-22k then 1k, 88 M parameters"),
+    CatalogEntry("resnet-18", "timm/resnet18.a1_in1k", "resnet",
+                 "ResNet-18 (a CNN baseline), 224 px, ImageNet-1k (timm's A1 recipe), 12 M parameters"),
+    CatalogEntry("resnet-50", "timm/resnet50.a1_in1k", "resnet",
+                 "ResNet-50 (a CNN baseline), 224 px, ImageNet-1k (timm's A1 recipe), 26 M parameters"),
+    CatalogEntry("convnext-tiny", "timm/convnext_tiny.fb_in1k", "convnext",
+                 "ConvNeXt-T (a CNN built to match Swin), 224 px, ImageNet-1k, 29 M parameters"),
+    CatalogEntry("convnext-small", "timm/convnext_small.fb_in1k", "convnext",
+                 "ConvNeXt-S, 224 px, ImageNet-1k, 50 M parameters"),
+    CatalogEntry("convnext-base", "timm/convnext_base.fb_in22k_ft_in1k", "convnext",
+                 "ConvNeXt-B, 224 px, ImageNet-22k then 1k, 89 M parameters"),
     CatalogEntry("vit-cifar10", "vit-cifar10", "vit",
                  "vitviz's own ViT, 32 px CIFAR-10 (bundled, works offline)", bundled=True),
     CatalogEntry("cvt-cifar10", "cvt-cifar10", "cvt",
@@ -94,6 +113,10 @@ PAIRS = {
     "DINO (self-supervised) vs CvT-13": ("dino-s16", "cvt-13"),
     "ViT-B vs CvT-13 (ImageNet classifiers)": IMAGENET_PAIR,
     "CLIP vs supervised ViT-B/16": ("clip-b16", "vit-base"),
+    "ViT-B vs Swin-T (global vs shifted-window attention)": ("vit-base", "swin-tiny"),
+    "CvT-13 vs Swin-T (convolutional vs windowed attention)": ("cvt-13", "swin-tiny"),
+    "ViT-B vs ResNet-50 (Raghu et al.: do ViTs see like CNNs?)": ("vit-base", "resnet-50"),
+    "Swin-T vs ConvNeXt-T (Liu et al.: a ConvNet for the 2020s)": ("swin-tiny", "convnext-tiny"),
 }
 
 

@@ -76,11 +76,14 @@ from .data import Dataset, open_data, spread
 from .distributed import ranks as process_ranks
 from .export import png_bytes, write_atomic
 from .image import ImageError
+from .explain.lens import relative_depth
+from .explain.receptive import ReceptiveFieldSum, receptive_field
 from .models.trace import Trace
 
 TOKENS = ("mean", "cls", "flat")
 MIN_BATCH = 4                 # HSIC_1 divides by n(n-3)
 CKA_FILE = "cka.npz"
+RECEPTIVE_FILE, RECEPTIVE_PLOT = "receptive-field.npz", "receptive-field.png"   # --receptive-field
 SUMMARY = "summary.json"
 MATRICES = ("a_vs_b", "a_vs_a", "b_vs_b")    # cka.npz's arrays and the heatmaps' file stems
 PUBLISHED = catalog.CHECKPOINTS / "compare-vit-cvt-cifar10"   # <tokens>/: `compare`'s output, shipped
@@ -328,6 +331,28 @@ def markdown(result: CKAResult, names: tuple[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def receptive_npz(fields: Sequence, traces: Sequence[Trace]) -> bytes:
+    """receptive-field.npz: per model (prefix a_, b_) its blocks' averaged maps (blocks H W), r50 and r90 (pixels of
+    its input), their shares of the input's shorter side and the blocks' relative depths."""
+    arrays = {}
+    for prefix, field, trace in zip(("a", "b"), fields, traces):
+        share50, share90 = field.share
+        arrays.update({f"{prefix}_maps": field.maps.numpy(), f"{prefix}_r50": field.r50.numpy(),
+                       f"{prefix}_r90": field.r90.numpy(), f"{prefix}_r50_share": share50.numpy(),
+                       f"{prefix}_r90_share": share90.numpy(), f"{prefix}_blocks": np.asarray(field.blocks),
+                       f"{prefix}_depth": np.asarray(relative_depth(trace, field.blocks)),
+                       f"{prefix}_input_size": np.asarray(field.input_size)})
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return buffer.getvalue()
+
+
+def reach_curves(fields: Sequence, traces: Sequence[Trace], names: Sequence[str]) -> dict:
+    """`render.compare.reach_plot`'s curves: name -> (relative depths, r50 share, r90 share)."""
+    return {name: (relative_depth(trace, field.blocks), *(s.tolist() for s in field.share))
+            for name, field, trace in zip(names, fields, traces)}
+
+
 def write_result(out: Path, result: CKAResult, summary: dict) -> None:
     names = tuple(m["name"] for m in summary["models"])
     write_atomic(out / CKA_FILE, result.npz_bytes())
@@ -339,10 +364,12 @@ def write_result(out: Path, result: CKAResult, summary: dict) -> None:
 # ---- a data set, batch by batch -------------------------------------------------------------------------
 
 def compare(*, models: Sequence[str], data: str | Path | Dataset, out: str | Path, limit: int | None = None,
-            tokens: str = "mean", batch_size: int = 64, device: str | None = None,
-            progress: bool = True) -> CKAResult | None:
+            tokens: str = "mean", batch_size: int = 64, device: str | None = None, progress: bool = True,
+            receptive: bool = False) -> CKAResult | None:
     """CKA of every layer of two models over the data (see the module docstring); writes OUT/cka.npz, the three
-    heatmaps and summary.json. Under torchrun rank 0 returns the result (the other ranks None)."""
+    heatmaps and summary.json. `receptive`: also every block's effective receptive field of both models averaged
+    over the same images (`explain.receptive`), in OUT/receptive-field.npz with its plot. Under torchrun rank 0
+    returns the result (the other ranks None)."""
     if len(models) != 2:
         raise ValueError(f"compare takes two models, not {len(models)}")
     if tokens not in TOKENS:
@@ -357,7 +384,7 @@ def compare(*, models: Sequence[str], data: str | Path | Dataset, out: str | Pat
         side = max(max(m.transform.resize) if isinstance(m.transform.resize, tuple) else m.transform.resize
                    for m in loaded)
         mine = ranks.mine(cut)
-        acc, skipped = LayerCKA(), []
+        acc, skipped, fields, last_traces = LayerCKA(), [], [ReceptiveFieldSum(), ReceptiveFieldSum()], None
         bar = tqdm(total=sum(map(len, mine)), unit="image", desc="compare", file=sys.stderr,
                    disable=not (progress and ranks.leader))
         for batch in mine:
@@ -372,10 +399,18 @@ def compare(*, models: Sequence[str], data: str | Path | Dataset, out: str | Pat
                              "reason": f"its batch has {len(images)} readable image(s), HSIC_1 needs {MIN_BATCH}"}
                             for index in batch if index not in {s["index"] for s in skipped}]
             else:
-                acc.add_traces(*traced_pair(loaded, images), tokens=tokens)
+                last_traces = traced_pair(loaded, images)
+                acc.add_traces(*last_traces, tokens=tokens)
+                if receptive:
+                    for field, model in zip(fields, loaded):
+                        pixels = torch.cat([model.preprocess(image) for image in images])
+                        field.add(receptive_field(model.model, pixels), len(images))
             bar.update(len(batch))
         bar.close()
         acc.all_reduce()
+        if receptive:
+            for field in fields:
+                field.all_reduce()
         gathered = ranks.gather(json.dumps(skipped))
         if not ranks.leader:
             return None
@@ -388,6 +423,17 @@ def compare(*, models: Sequence[str], data: str | Path | Dataset, out: str | Pat
                    "estimator": "minibatch linear CKA, debiased (HSIC_1 summed over batches, normalised once)",
                    "layers": {"a": list(result.layers_a), "b": list(result.layers_b)},
                    "files": [CKA_FILE, *(f"{m}.png" for m in MATRICES), SUMMARY]}
+        if receptive:
+            from .render.compare import reach_plot
+
+            found = [field.result() for field in fields]
+            write_atomic(out / RECEPTIVE_FILE, receptive_npz(found, last_traces))
+            write_atomic(out / RECEPTIVE_PLOT,
+                         png_bytes(reach_plot(reach_curves(found, last_traces, [m.name for m in loaded]))))
+            summary["receptive_field"] = {
+                m.name: {"r50_px": [round(float(v), 2) for v in f.r50], "r90_px": [round(float(v), 2) for v in f.r90],
+                         "input_size": list(f.input_size)} for m, f in zip(loaded, found)}
+            summary["files"] += [RECEPTIVE_FILE, RECEPTIVE_PLOT]
         write_result(out, result, summary)
     print(f"compared {loaded[0].name} and {loaded[1].name} over {result.images} images ({len(skipped)} skipped), "
           f"tokens={tokens}: {out / CKA_FILE}")

@@ -126,6 +126,26 @@ class ModelRun:
         return self.trace.has_classifier
 
     @property
+    def attends(self) -> bool:
+        """False for a convolutional network: no attention, so no attention views or attention methods."""
+        return self.trace.blocks[-1].attends
+
+    @property
+    def overview_method(self) -> str:
+        """The map the first screen shows: attention rollout (from the kept trace), or for a model without
+        attention Grad-CAM of its top class."""
+        return "rollout" if self.attends else "gradcam"
+
+    def applies(self, method: str) -> bool:
+        """Whether `method` can explain this model (a method that reads attention cannot explain a CNN)."""
+        return self.attends or not explain.method(method).reads_attention
+
+    def no_attention(self, what: str) -> str:
+        """Why a view or method that reads attention shows nothing for this model, in words (for page text)."""
+        return (f"{self.name} is a convolutional network: its layers have no attention, so there is no {what}. "
+                f"Grad-CAM and AttnLRP explain it, and Compare > How far each layer looks shows its reach.")
+
+    @property
     def no_classifier(self) -> str:
         """What a model without a classifier means for the views, in words (for page text)."""
         return (f"{self.name} has no classifier (it is a self-supervised feature extractor), so it predicts no "
@@ -177,6 +197,8 @@ class ModelRun:
         `map_request`'s). A model without a classifier takes no `target`: its targeted methods explain the
         similarity of its pooled output to the output of the token under the display `point`, or without
         one to its own direction (`explain.SimilarityTarget`). Kept: asking again costs nothing."""
+        if not self.applies(method):
+            raise ValueError(self.no_attention(explain.method(method).title))
         key, request = self.map_request(method, **options)
         if not explain.method(method).targeted:   # from the kept trace: no model pass
             return self._cached(key, lambda: explain.method(method).from_trace(self.trace, **request.params)[0].numpy())
@@ -264,6 +286,9 @@ class ModelRun:
         `scale` (vmin, vmax) let several panels share one colour scale. A signed map (relevance) is drawn
         on a scale symmetric about 0, in `render.SIGNED_CMAP` unless `cmap` says otherwise."""
         m = explain.method(method)
+        if not self.applies(method):
+            return render.caption(render.notice(self.canvas, self.no_attention(m.title)), model=self.name,
+                                  method=m.title)
         if values is None:
             values = self.token_map(method, target=target, **params)
         if scale is not None:
@@ -284,6 +309,9 @@ class ModelRun:
 
     def attention_view(self, *, layer: int, head: int | None = None, point: tuple[float, float] | None = None,
                        direction: str = "row", cmap: str = render.DEFAULT_CMAP) -> np.ndarray:
+        if not self.attends:
+            return render.caption(render.notice(self.canvas, self.no_attention("attention map")), model=self.name,
+                                  method="attention", layer=layer + 1)
         values = self.attention_map(layer=layer, head=head, point=point, direction=direction)
         block = self.trace.blocks[layer]
         view = render.overlay(self.canvas, values, field=block.stage, cmap=cmap, point=point)
@@ -364,6 +392,9 @@ class ModelRun:
         smallest token set holding that share of its attention (`explain.mass_threshold`), drawn as `style`:
         'outline' or 'mask'. -> (the views with short captions, one line that says what they all show)."""
         layer = range(len(self.trace.blocks))[layer]
+        if not self.attends:
+            return [(render.notice(self.canvas, self.no_attention("attention head")), "no attention")], \
+                self.no_attention("attention head")
         block, token = self.trace.blocks[layer], self._query(layer, point)
         maps = explain.head_attention(self.trace, layer=layer, query=token, on_query_grid=True)[0]   # h gh gw
         maps = torch.cat([maps.mean(dim=0, keepdim=True), maps])
@@ -382,6 +413,8 @@ class ModelRun:
                    style: str = "outline", side: int = 160) -> list[tuple[np.ndarray, str]]:
         """Every layer x head (the "model view"): per layer, its heads as `side`-px tiles in one row, head 1
         on the left, for the class token or the token under the display `point` (`head_views`' options)."""
+        if not self.attends:
+            return [(render.notice(self.canvas, self.no_attention("attention head")), "no attention")]
         views = []
         for layer, block in enumerate(self.trace.blocks):
             token = self._query(layer, point)
@@ -390,6 +423,29 @@ class ModelRun:
             strip = render.layer_strip(self.canvas, maps.numpy(), field=block.stage, masks=masks, style=style, side=side)
             views.append((strip, f"layer {layer + 1}: heads 1-{len(maps)}, left to right; {self._token_words(token)}"))
         return views
+
+    def window_views(self, *, layer: int, point: tuple[float, float] | None = None) -> list[tuple[np.ndarray, str]]:
+        """Block `layer`'s windows (`render.window_view`) and the grid as it partitions it after its roll
+        (`render.rolled_view`), the token under the display `point` with the keys it sees; a model whose
+        attention is global, or that has none, gets one view saying so."""
+        block = self.trace.blocks[layer]
+        part = block.windows
+        if part is None:
+            what = (self.no_attention("attention window") if not self.attends else
+                    f"{self.name} attends globally: every token of a block sees every other one (one window "
+                    f"of the whole {block.key_grid[0]}x{block.key_grid[1]} key grid).")
+            return [(render.notice(self.canvas, what), what)]
+        stride = self.canvas.fields[block.stage].stride
+        shifted = (f"shifted by {part.shift} tokens ({part.shift * stride} px): the windows of the last row and "
+                   f"column wrap around the edges, and the parts of one window (the same number) are kept apart by "
+                   f"the mask" if part.shift else "regular windows (no shift)")
+        return [(render.window_view(self.canvas, part, stage=block.stage, point=point),
+                 f"{self.name} · layer {layer + 1}: {part.count[0] * part.count[1]} windows of {part.size}x{part.size} "
+                 f"tokens ({part.size * stride} px), {shifted}"),
+                (render.rolled_view(self.canvas, part, stage=block.stage, point=point),
+                 f"{self.name} · layer {layer + 1}: the {part.grid[0]}x{part.grid[1]} grid as the block cuts it, after "
+                 f"rolling it by -{part.shift} tokens" + ("; dashed: where the wrapped rows and columns begin"
+                                                           if part.shift else ""))]
 
     def feature_pca_view(self) -> tuple[np.ndarray, str]:
         """The DINOv2 paper's picture of the last layer's patch features (`render.foreground_pca`): a ViT's

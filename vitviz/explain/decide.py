@@ -83,8 +83,11 @@ class Attribution:
         """b: the sum of the parts, which is `logit` up to float rounding."""
         return self.embedding + self.attention.sum(dim=-1) + self.mlps.sum(dim=-1) + self.bias
 
-    def top_head(self, image: int = 0) -> tuple[int, int]:
-        """(position in `layers`, head) of the head that writes the most for the class in image `image`."""
+    def top_head(self, image: int = 0) -> tuple[int, int] | None:
+        """(position in `layers`, head) of the head that writes the most for the class in image `image`; None for
+        a model without heads (a convolutional network)."""
+        if not self.heads.shape[-1]:
+            return None
         flat = int(self.heads[image].argmax())
         return divmod(flat, self.heads.shape[-1])
 
@@ -101,14 +104,16 @@ class Attribution:
             index = int(classes[image])
             return {"index": index, **({"label": labels[index]} if labels is not None else {})}
 
-        layer, head = self.top_head(image)
+        top = self.top_head(image)
+        top_head = None if top is None else {"layer": self.layers[top[0]], "head": top[1],
+                                             "value": number(self.heads[image, top[0], top[1]])}
         return {"target": named(self.target), "foil": named(self.foil), "logit": number(self.logit[image]),
                 "sum_of_parts": number(self.total()[image]), "embedding": number(self.embedding[image]),
                 "bias": number(self.bias[image]),
                 "layers": [{"layer": block, "attention": number(self.attention[image, k]),
                             "attn_bias": number(self.attn_bias[image, k]), "mlp": number(self.mlps[image, k]),
                             "heads": [number(h) for h in self.heads[image, k]]} for k, block in enumerate(self.layers)],
-                "top_head": {"layer": self.layers[layer], "head": head, "value": number(self.heads[image, layer, head])}}
+                "top_head": top_head}
 
 
 def readout(model: nn.Module, trace: Trace, target: Tensor, foil: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
@@ -181,8 +186,8 @@ def token_effect_maps(attribution: Attribution, trace: Trace) -> Tensor:
     prefix keys left out (`token_effects[..., :prefix]` holds them)."""
     block = trace.blocks[attribution.layers[0]]   # every decomposed block has one geometry
     b, layers, heads, keys = attribution.token_effects.shape
-    if not heads:
-        raise ValueError("this model has no attention heads (a convolutional network), so no head read any token")
+    if not heads:   # a convolutional network: no head read any token
+        return attribution.token_effects.new_zeros(b, layers, 0, *trace.blocks[attribution.layers[0]].query_grid)
     carried = keys_to_queries(attribution.token_effects.reshape(-1, keys), block)[:, block.prefix:]
     h, w = block.query_grid
     return rearrange(carried, '(b l k) (h w) -> b l k h w', b=b, l=layers, k=heads, h=h, w=w)

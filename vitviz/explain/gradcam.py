@@ -13,7 +13,10 @@ grid token reaches the class token. With X its grid tokens (b n c) and G = ∂ y
 
 The last line is grad-cam's `scale_cam_image` before its resize to the input size; vitviz keeps
 the map on the token grid, as every map here, and leaves upsampling to the views. For CvT the
-layer is the last stage's last block (its grid is the stage-3 grid, its prefix the class token).
+layer is the last stage's last block (its grid is the stage-3 grid, its prefix the class token); for
+Swin the same first norm of the last block (grad-cam's Swin recipe, `layers[-1].blocks[-1].norm1`, on
+the last grid). A convolutional network's layer is its last block's output, which its pooled classifier
+reads directly (grad-cam's usual `layer4[-1]` of a ResNet, `stages[-1]` of a ConvNeXt).
 
 Cost: one traced forward with the graph kept, then `torch.autograd.grad` with respect to that
 one tensor: the backward through the classifier and the last block only, with no weight
@@ -35,12 +38,13 @@ EPS = 1e-7   # grad-cam's `scale_cam_image`
 def gradcam_from_trace(trace: Trace, target: Target = None) -> Tensor:
     """Grad-CAM of a grad trace at the last block's first norm: b gh gw on the model's last token grid, in [0, 1]."""
     block = trace.blocks[-1]
-    if block.normed is None:
+    if not trace.logits.requires_grad:
         raise ValueError("this trace has no gradients: make it with model.trace(pixels, grad=True)")
+    layer = block.normed if block.attends else block.tokens   # the first norm's output, or a CNN block's output
     target = resolve_target(trace.logits, target)
     score = trace.logits.gather(1, target[:, None]).sum()   # images are independent: per-image gradients
-    (grad,) = torch.autograd.grad(score, block.normed, retain_graph=True)
-    activations, grad = block.normed.detach()[:, block.prefix:], grad[:, block.prefix:]
+    (grad,) = torch.autograd.grad(score, layer, retain_graph=True)
+    activations, grad = layer.detach()[:, block.prefix:], grad[:, block.prefix:]
     weights = grad.mean(dim=1)                                                       # b c
     cam = torch.einsum('bnc,bc->bn', activations, weights).clamp(min=0)
     cam = cam - cam.amin(dim=1, keepdim=True)

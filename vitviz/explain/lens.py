@@ -24,7 +24,7 @@ token, how large the skip connection's part is against the block's own addition,
 for the class token, and for the grid tokens (their mean of the per-token ratio). Above 1 the block
 mostly passes its input on. X_in is the trace's `inputs` (the previous block's output; for a
 stage's first block the stage's embedding). A block without a class token (CvT's first two stages)
-has NaN there.
+has NaN there, and a block that halves its grid itself (a ResNet's first of a stage) NaN for both.
 """
 from __future__ import annotations
 
@@ -107,6 +107,10 @@ def residual_share(trace: Trace) -> ResidualShare:
         if block.inputs is None:
             raise ValueError(f"block {i} of this trace has no inputs: make the trace with the model's own trace()")
         x_in, x_out = block.inputs.float(), block.tokens.float()
+        if x_in.shape != x_out.shape:   # a block that halves the grid itself (a ResNet's): no skip of the same shape
+            cls.append(torch.full((x_out.shape[0],), float("nan"), device=x_out.device))
+            grid.append(cls[-1].clone())
+            continue
         ratio = x_in.norm(dim=-1) / (x_out - x_in).norm(dim=-1)   # b n
         grid.append(ratio[:, block.prefix:].mean(dim=1))
         cls.append(ratio[:, block.prefix_kinds.index("cls")] if "cls" in block.prefix_kinds

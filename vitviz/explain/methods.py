@@ -42,6 +42,7 @@ class Method:
     from_trace: Callable[..., Tensor] | None = None   # (trace, **params) -> b gh gw, for a kept inference trace
     signed: bool = False        # values for (> 0) and against (< 0) the class: drawn on a scale symmetric about 0
     clip_params: dict = field(default_factory=dict)   # knobs at its authors' values for CLIP models
+    reads_attention: bool = True   # False: it applies to a convolutional network too (Grad-CAM, LRP)
 
     def params_for(self, clip: bool) -> dict:
         """The knobs to pass it by default: its authors' CLIP values for a CLIP model, none otherwise."""
@@ -79,11 +80,13 @@ METHODS: dict[str, Method] = {m.name: m for m in [
     Method("gradcam", "Grad-CAM", "gradient",
            "the last block's first-norm activations weighted by the grid-mean of the target logit's gradient, "
            "summed over channels, negatives clipped", "1 forward + a backward through the last block only: "
-           "about 1.2 forwards", "Selvaraju et al., ICCV 2017; pytorch-grad-cam's ViT recipe", gradcam),
+           "about 1.2 forwards", "Selvaraju et al., ICCV 2017; pytorch-grad-cam's ViT, Swin and CNN recipes", gradcam,
+           reads_attention=False),
     Method("attnlrp", "AttnLRP", "relevance",
            "the target logit shared out layer by layer down to the pixels (Gamma rule on linear layers and "
            "convolutions, relevance through the attention values), summed over each token's pixels",
-           "1 forward + 1 backward", "Achtibat et al., ICML 2024, as lxt 2.1's ViT", attnlrp, signed=True),
+           "1 forward + 1 backward", "Achtibat et al., ICML 2024, as lxt 2.1's ViT (a ResNet: zennit's "
+           "EpsilonPlusFlat)", attnlrp, signed=True, reads_attention=False),
 ]}
 
 

@@ -12,7 +12,8 @@ top class, or the clean run's second when that is the target.
 Sites (TransformerLens' names):
 - `resid`: the residual stream entering block l (`resid_pre`), at one position set: each prefix token
   alone, and the grid tokens in `group` x `group` squares. Patching every token of a block gives 1 (the
-  rest of the clean run), patching none 0. CvT: every block of every stage, on its own grid.
+  rest of the clean run), patching none 0. CvT: every block of every stage, on its own grid; a ResNet
+  block that halves the grid: on the grid it reads (the previous stage's).
 - `head`: each head's output before the output projection (`z`), at every position of block l. The
   output projection is linear, so replacing z_h adds (z_h^clean - z_h^corrupted) W_O_h^T to the
   attention's output, and the forward goes on from there (`attn_delta` of the models' `forward_from`).
@@ -100,7 +101,7 @@ def position_masks(block: BlockTrace, group: int) -> Tensor:
     """P n bool: each prefix token alone, then the grid's `group` x `group` squares, row-major."""
     if group < 1:
         raise ValueError(f"group must be at least 1, not {group}")
-    h, w = block.query_grid
+    h, w = block.stream_grid
     p, cols = block.prefix, math.ceil(w / group)
     rows = torch.arange(h, device=block.tokens.device)[:, None] // group
     labels = p + (rows * cols + torch.arange(w, device=block.tokens.device)[None, :] // group).reshape(-1)
@@ -129,7 +130,7 @@ def patched_residual(model: nn.Module, clean: Trace, corrupted: Trace, index: in
                      batch_size: int = 64, step: Callable[[], None] = lambda: None) -> Tensor:
     """P effects: the residual stream entering block `index`, clean at each mask's tokens (P n), corrupted elsewhere."""
     clean_in, corrupted_in = clean.blocks[index].inputs[0], corrupted.blocks[index].inputs[0]
-    grid = clean.blocks[index].query_grid
+    grid = clean.blocks[index].stream_grid
     effects = []
     for start in range(0, len(masks), batch_size):
         patched = torch.where(masks[start:start + batch_size, :, None], clean_in, corrupted_in)
@@ -192,7 +193,7 @@ def patch_activations(model: nn.Module, clean: Tensor, corrupted: Tensor, target
                 continue
             effects = patched_residual(model, *runs, index, position_masks(block, group), m, batch_size=batch_size,
                                        step=step)
-            h, w = block.query_grid
+            h, w = block.stream_grid
             prefix.append(effects[:block.prefix])
             grid.append(effects[block.prefix:].reshape(math.ceil(h / group), math.ceil(w / group)))
     table = None

@@ -97,3 +97,40 @@ def receptive_field(model: nn.Module, pixels: Tensor, blocks: Sequence[int] | No
     return ReceptiveField(blocks=indices, maps=maps, r50=radius(maps, centres, 0.5), r90=radius(maps, centres, 0.9),
                           centres=centres, input_size=tuple(pixels.shape[-2:]))
 
+
+
+class ReceptiveFieldSum:
+    """Receptive fields over a data set: every batch's maps summed (weighted by its images), all-reduced across
+    torchrun's ranks, averaged once, and the radii read off the averaged maps (Luo et al. average the gradient
+    magnitudes over images, then measure)."""
+
+    def __init__(self):
+        self.maps: Tensor | None = None
+        self.images = 0
+        self.blocks: list[int] = []
+        self.centres: Tensor | None = None
+        self.input_size: tuple[int, int] | None = None
+
+    def add(self, field: ReceptiveField, images: int) -> None:
+        maps = field.maps.double() * images
+        self.maps = maps if self.maps is None else self.maps + maps
+        self.images += images
+        self.blocks, self.centres, self.input_size = field.blocks, field.centres, field.input_size
+
+    def all_reduce(self) -> None:
+        """Sum every rank's maps and image counts through the process group (every rank ends with all)."""
+        import torch.distributed as dist
+        if not (dist.is_available() and dist.is_initialized()):
+            return
+        if self.maps is None:
+            raise ValueError("this rank has no batch: use fewer ranks than batches")
+        images = torch.tensor([self.images], dtype=torch.float64, device=self.maps.device)
+        dist.all_reduce(self.maps)
+        dist.all_reduce(images)
+        self.images = int(images.item())
+
+    def result(self) -> ReceptiveField:
+        maps = (self.maps / self.images).float().cpu()
+        centres = self.centres.cpu()
+        return ReceptiveField(blocks=self.blocks, maps=maps, r50=radius(maps, centres, 0.5),
+                              r90=radius(maps, centres, 0.9), centres=centres, input_size=self.input_size)

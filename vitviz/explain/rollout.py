@@ -77,10 +77,14 @@ def rollout_step(row: Tensor, fused: Tensor, block: BlockTrace) -> Tensor:
     return w + keys_to_queries(attend(w, fused, block), block)
 
 
+class NoAttention(ValueError):
+    """What asked for attention was given a model that has none (a convolutional network)."""
+
+
 def needs_attention(trace: Trace, what: str) -> None:
-    """A ValueError in words when the model's blocks do not attend (a convolutional network)."""
+    """`NoAttention`, in words, when the model's blocks do not attend (a convolutional network)."""
     if not trace.blocks[-1].attends:
-        raise ValueError(f"this model is a convolutional network: its blocks have no attention, so {what} has "
+        raise NoAttention(f"this model is a convolutional network: its blocks have no attention, so {what} has "
                          f"nothing to read (Grad-CAM and the relevance methods explain it)")
 
 

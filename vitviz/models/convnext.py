@@ -194,7 +194,7 @@ class ConvNeXt(nn.Module):
                                              key_window=Window(1, 1, 0), prefix_kinds=(), inputs=flat(inputs),
                                              attends=False))
                 features.append(x)
-            pooled = x.mean(dim=(2, 3))
+            pooled = blocks[-1].tokens.mean(dim=1)   # from the tokens the trace keeps: Grad-CAM's layer
             logits = self.head(pooled)
         input_size = (pixels.shape[2], pixels.shape[3])
         return Trace(logits=logits, blocks=blocks, embeddings=self.embeddings(input_size), features=features,

@@ -200,14 +200,15 @@ class ResNet(nn.Module):
             x = self.stem(pixels)
             for s, stage in enumerate(self.stages):
                 for block in stage:
-                    inputs = rearrange(x, 'b c h w -> b (h w) c')
+                    inputs, input_grid = rearrange(x, 'b c h w -> b (h w) c'), (x.shape[2], x.shape[3])
                     x = block(x)
                     grid = (x.shape[2], x.shape[3])
                     blocks.append(BlockTrace(attn=None, tokens=rearrange(x, 'b c h w -> b (h w) c'), stage=s,
                                              query_grid=grid, key_grid=grid, key_window=Window(1, 1, 0),
-                                             prefix_kinds=(), inputs=inputs, attends=False))
+                                             prefix_kinds=(), inputs=inputs, attends=False,
+                                             input_grid=None if input_grid == grid else input_grid))
                 features.append(x)
-            pooled = norm_mean(x)
+            pooled = blocks[-1].tokens.mean(dim=1)   # from the tokens the trace keeps: Grad-CAM's layer
             logits = self.fc(pooled)
         input_size = (pixels.shape[2], pixels.shape[3])
         return Trace(logits=logits, blocks=blocks, embeddings=self.embeddings(input_size), features=features,

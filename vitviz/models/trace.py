@@ -108,10 +108,22 @@ class BlockTrace:
     parts: AttentionParts | None = None   # kept by traces made with decompose=True only
     windows: WindowPartition | None = None   # windowed attention (Swin): which keys each query saw
     attends: bool = True           # False: a convolutional block, which has no attention at all (ResNet, ConvNeXt)
+    input_grid: tuple[int, int] | None = None   # the grid of `inputs` where it is not query_grid (a ResNet block
+                                                # that halves the grid itself: its input is the previous stage's)
+
+    @property
+    def stream_grid(self) -> tuple[int, int]:
+        """The grid of the residual stream entering the block (`inputs`)."""
+        return self.input_grid or self.query_grid
 
     @property
     def prefix(self) -> int:
         return len(self.prefix_kinds)
+
+    @property
+    def heads(self) -> int:
+        """The attention's head count (0 where the trace keeps no attention)."""
+        return 0 if self.attn is None else self.attn.shape[-3]
 
 
 @dataclass

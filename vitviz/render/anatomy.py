@@ -1,8 +1,10 @@
 """Model anatomy (the ViT paper's figure 7, for any checkpoint), faithfulness curves and token norms.
 
 - principal components of the patch-embedding filters as RGB tiles (CvT: its stage-1 conv filters);
-- cosine similarity of each position embedding with all others, one tile per patch position (CvT has
-  no position embedding, and the panel says so);
+- cosine similarity of each position embedding with all others, one tile per patch position (CvT, Swin
+  and the CNNs have no position embedding, and the panel says so);
+- Swin's counterpart: each head's relative position bias, a (2w-1) x (2w-1) picture of the bias its
+  attention adds for every offset between a query and a key of its window;
 - mean attention distance per head against depth, several models on one plot;
 - deletion / insertion curves with their areas under the curve;
 - per-token norm maps with the high-norm outlier tokens ("Vision Transformers Need Registers") flagged.
@@ -16,12 +18,13 @@ import numpy as np
 import torch
 from einops import rearrange
 
+from torch import nn
+
 from ..explain.artefacts import OUTLIER_Z, outliers
-from ..models import CvT, ViT
 from .canvas import Canvas, as_map
 from .captions import BLACK, HIGHLIGHTS, STRIP, WHITE, Ink, put_text, text_box, tile
 from .geometry import Field
-from .overlay import colorize, normalise, overlay, with_colorbar
+from .overlay import SIGNED_CMAP, colorize, normalise, overlay, with_colorbar
 
 # plot line colours, one per model or method: vermillion, sky blue, bluish green, orange, purple (Okabe & Ito)
 PLOT_COLOURS = tuple(np.array(HIGHLIGHTS[k]) / 255 for k in (4, 1, 2, 0, 5))
@@ -46,10 +49,11 @@ def pca(x: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
     return centred @ components.T, components
 
 
-def embedding_filters(model: ViT | CvT) -> np.ndarray:
-    """The first convolution that sees pixels, d 3 k k: ViT's patch embedding, CvT's stage-1 embedding."""
-    proj = model.patch_embed.proj if isinstance(model, ViT) else model.stages[0].patch_embed.proj
-    return proj.weight.detach().float().cpu().numpy()
+def embedding_filters(model: nn.Module) -> np.ndarray:
+    """The first convolution that sees pixels, d 3 k k: ViT's and Swin's patch embedding, CvT's stage-1 embedding,
+    a CNN's stem (every model registers it first)."""
+    first = next(m for m in model.modules() if isinstance(m, nn.Conv2d))
+    return first.weight.detach().float().cpu().numpy()
 
 
 def filter_components(weight, *, count: int = 28) -> np.ndarray:
@@ -74,10 +78,10 @@ def filter_tiles(weight, *, count: int = 28, cols: int = 7, tile_px: int = 64) -
     return tile(images, cols=min(cols, len(images)), gap=max(2, factor // 4))
 
 
-def position_embedding(model: ViT | CvT) -> tuple[np.ndarray, tuple[int, int]] | None:
+def position_embedding(model: nn.Module) -> tuple[np.ndarray, tuple[int, int]] | None:
     """A ViT's position embeddings of the patch positions (prefix slots dropped), n c, with its grid;
-    None for a CvT, which has none."""
-    if not isinstance(model, ViT):
+    None for a model without absolute position embeddings (CvT, Swin, the CNNs)."""
+    if getattr(model, "pos_embed", None) is None:
         return None
     prefix = 0 if model.config.no_embed_class else model.num_prefix
     return model.pos_embed[0, prefix:].detach().float().cpu().numpy(), model.grid
@@ -98,10 +102,10 @@ def position_tiles(found: tuple[np.ndarray, tuple[int, int]] | None, *, cmap: st
     """Position-embedding similarity tiles (ViT paper, fig. 7 centre) of `position_embedding`'s answer, with a
     colour bar over [-1, 1]; for a CvT (None), a panel saying why there is nothing to show."""
     if found is None:
-        return _message_panel(["CvT has no position embedding.",
-                               "Its tokens know where they are from the",
-                               "zero-padded convolutions of its token",
-                               "embeddings and q/k/v projections."], side)
+        return _message_panel(["No absolute position embedding here.",
+                               "Tokens know where they are from zero-padded",
+                               "convolutions (CvT, the CNNs) or from the",
+                               "relative position bias of their windows (Swin)."], side)
     pos, grid = found
     similarity = position_similarity(pos, grid)
     factor = max(1, side // max(grid) // max(grid))
@@ -110,6 +114,47 @@ def position_tiles(found: tuple[np.ndarray, tuple[int, int]] | None, *, cmap: st
     images = [np.kron(colours[i, j], np.ones((factor, factor, 1), np.uint8))
               for i in range(grid[0]) for j in range(grid[1])]
     return with_colorbar(tile(images, cols=grid[1], gap=gap), vmin=-1.0, vmax=1.0, cmap=cmap, label="cosine")
+
+
+def relative_position_biases(model: nn.Module) -> list[np.ndarray] | None:
+    """Every windowed block's relative position bias, in forward order, each h (2w-1) (2w-1): head h's bias on
+    the attention logit of a key dy rows and dx columns from its query at [h, dy + w - 1, dx + w - 1]; None for a
+    model without (its attention has no relative bias table)."""
+    tables = [m.relative_position_bias_table for m in model.modules() if hasattr(m, "relative_position_bias_table")]
+    if not tables:
+        return None
+    out = []
+    for table in tables:
+        side = round(table.shape[0] ** 0.5)
+        out.append(rearrange(table.detach().float().cpu().numpy(), '(dy dx) h -> h dy dx', dy=side))
+    return out
+
+
+def relative_bias_tiles(biases: list[np.ndarray] | None, layer: int, *, cmap: str = SIGNED_CMAP,
+                        side: int = 640) -> np.ndarray:
+    """Block `layer`'s relative position bias, one (2w-1) x (2w-1) tile per head (the centre: a query's bias on
+    itself), on one colour scale symmetric about 0 with its colour bar; a panel saying why for a model without."""
+    if biases is None:
+        return _message_panel(["No relative position bias here:",
+                               "only windowed attention (Swin) learns one,",
+                               "a table per head of the bias its logits",
+                               "get for each query-to-key offset."], side)
+    if not 0 <= layer < len(biases):
+        raise ValueError(f"layer must index one of the model's {len(biases)} windowed blocks, not {layer}")
+    heads = biases[layer]
+    vmax = max(float(np.abs(heads).max()), 1e-12)
+    n = heads.shape[-1]
+    cols = min(len(heads), 6)
+    factor = max(2, (side // cols) // n)
+    colours = colorize(normalise(heads, -vmax, vmax), cmap)   # h n n 3
+    images = []
+    for tile_rgb in colours:
+        big = np.kron(tile_rgb, np.ones((factor, factor, 1), np.uint8))
+        c = (n // 2) * factor
+        cv2.rectangle(big, (c, c), (c + factor - 1, c + factor - 1), BLACK, 1)   # offset (0, 0): the query itself
+        images.append(big)
+    return with_colorbar(tile(images, cols=cols, gap=max(2, factor // 2)), vmin=-vmax, vmax=vmax, cmap=cmap,
+                         label="bias")
 
 
 def _message_panel(lines: Sequence[str], side: int) -> np.ndarray:
@@ -134,7 +179,10 @@ def attention_distance_plot(distances: Mapping[str, Sequence[Sequence[float]]], 
                             unit: str = "model-input px") -> np.ndarray:
     """Mean attention distance of every head against depth (ViT paper, fig. 7 right), one colour per
     model. distances: model name -> per layer (forward order), the per-head distances (head counts
-    may differ between layers, as in CvT's stages)."""
+    may differ between layers, as in CvT's stages). No model with attention: a panel saying so."""
+    if not distances:
+        return _message_panel(["Neither model has attention:", "a CNN's reach is its receptive field",
+                               "(Compare > How far each layer looks)."], 640)
     from matplotlib.figure import Figure   # matplotlib only where a plot is drawn
     fig = Figure(figsize=(6.4, 4.2), dpi=100)
     ax = fig.add_subplot()

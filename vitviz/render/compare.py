@@ -119,3 +119,52 @@ def legend(entries: Sequence[tuple[tuple[int, int, int], str]], width: int, ink:
         cv2.rectangle(strip, (x, base - swatch), (x + swatch, base), colour, -1)
         put_text(strip, text, (x + swatch + gap // 2, base), ink, color=WHITE, outline=None)
     return strip
+
+
+def reach_plot(reaches: Mapping[str, tuple[Sequence[float], Sequence[float], Sequence[float]]],
+               distances: Mapping[str, tuple[Sequence[float], Sequence[float]]] | None = None) -> np.ndarray:
+    """How far each layer looks (Raghu et al. 2021's comparison): per model, the radius holding 50 % (solid)
+    and 90 % (dashed) of each block's effective receptive field, and for a model with attention its mean
+    attention distance (dotted), all as shares of the input's side over relative depth, so models of any depth
+    and input size share the axes. reaches: name -> (depths, r50, r90); distances: name -> (depths, distance)."""
+    from matplotlib.figure import Figure
+    fig = Figure(figsize=(6.4, 4.4), dpi=100, layout="constrained")
+    ax = fig.add_subplot()
+    for k, (name, (depth, r50, r90)) in enumerate(reaches.items()):
+        colour, marker = PLOT_COLOURS[k % len(PLOT_COLOURS)], "osD^v"[k % 5]
+        ax.plot(depth, r50, marker=marker, lw=2, color=colour, label=f"{name}: 50 % of the field")
+        ax.plot(depth, r90, marker=marker, lw=1.5, ls="--", color=colour, mfc="none", label=f"{name}: 90 %")
+        if distances and name in distances:
+            ax.plot(*distances[name], lw=1.5, ls=":", color=colour, label=f"{name}: mean attention distance")
+    ax.set_xlim(0, 1.02)
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("relative depth (block i of L at i / L)")
+    ax.set_ylabel("radius, share of the input's side")
+    ax.set_title("how far each layer looks: effective receptive field radii", loc="left", fontsize=10)
+    ax.grid(alpha=0.3)
+    fig.legend(fontsize=7, loc="outside lower center", ncol=2, frameon=False)
+    return _figure_to_rgb(fig)
+
+
+def receptive_view(canvas: Canvas, values, *, centre: tuple[float, float], r50: float, r90: float,
+                   cmap: str = "inferno") -> np.ndarray:
+    """One block's effective receptive field (H W, at the model's input resolution) over the photo, with circles
+    of the radii holding 50 % (solid) and 90 % (dashed) of it around the centre token (`centre` (y, x), input
+    pixels)."""
+    from .overlay import overlay   # the map module's own drawing, at pixel resolution
+    h, w = np.asarray(values).shape[-2:]
+    field = Field(grid=(h, w), stride=1, offset=0, size=1)
+    out = overlay(canvas, values, field=field, cmap=cmap, alpha=0.7)
+    cy, cx = centre
+    x, y = canvas.frame.to_display(cx, cy)
+    scale = canvas.frame.to_display(cx + 1.0, cy)[0] - x   # display px per input px
+    ink = canvas.ink
+    for radius, dashed in ((r50, False), (r90, True)):
+        r = max(1, int(round(radius * float(scale))))
+        centre_px = (int(round(float(x))), int(round(float(y))))
+        if dashed:
+            for start in range(0, 360, 20):
+                cv2.ellipse(out, centre_px, (r, r), 0, start, start + 10, WHITE, ink.line, cv2.LINE_AA)
+        else:
+            cv2.circle(out, centre_px, r, WHITE, ink.line, cv2.LINE_AA)
+    return out

@@ -8,7 +8,7 @@ import cv2
 import numpy as np
 
 from .canvas import Canvas
-from .captions import BLACK, HIGHLIGHTS, WHITE, place, put_text, text_box
+from .captions import BLACK, HIGHLIGHTS, WHITE, place, put_text, text_box, wrap
 from .geometry import Field
 from .overlay import mark_point
 
@@ -213,3 +213,14 @@ def _stage_lines(canvas: Canvas, stage: int, anchor: tuple[int, int]) -> list[st
             f"{window.kernel}x{window.kernel} window, stride {window.stride}, pad {window.padding} on {over}",
             f"effective stride {field.stride} px, receptive field {field.size} px",
             f"(model-input px; 1 px = {w / rw:.2f} px of the original)"]
+
+
+def notice(canvas: Canvas, text: str) -> np.ndarray:
+    """The photo, dimmed, with `text` written across it: a view that says why there is nothing to draw (a
+    convolutional network's attention), so the other model's column still shows its own."""
+    field = canvas.fields[-1]
+    out = (_dimmed(canvas, field) * 0.6).astype(np.uint8)
+    ink = canvas.ink
+    width = int(0.8 * canvas.size[1])
+    text_box(out, wrap(text, width, ink), ink)
+    return out

@@ -1,6 +1,7 @@
 """Attention: raw attention per layer and head, for the class token or the token clicked on the image
-(where it looks, or who looks at it); every head of one layer at once, with DINO's display; and every
-layer x head of both models (the model view)."""
+(where it looks, or who looks at it); every head of one layer at once, with DINO's display; every
+layer x head of both models (the model view); and a windowed model's windows (Swin's, shifted every
+second block) with the grid as a block cuts it after its roll."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -10,8 +11,8 @@ from typing import NamedTuple
 import gradio as gr
 
 from ..explain import DEFAULT_MASS
-from .shared import (HIDDEN, INSTANT, WHOLE, Page, as_files, block_index, head_index, layer_slider, run_point,
-                     runs)
+from .shared import (HIDDEN, INSTANT, WHOLE, Page, as_files, block_index, head_index, layer_slider,
+                     pictures_and_words, run_point, runs)
 
 
 class Heads(NamedTuple):
@@ -30,6 +31,8 @@ class Ready(NamedTuple):
     attention_b: object
     heads_layer_a: gr.Slider
     heads_layer_b: gr.Slider
+    windows_layer_a: gr.Slider
+    windows_layer_b: gr.Slider
     heads: Heads
 
 
@@ -64,6 +67,15 @@ def render_heads(key, layer_a, layer_b, token="cls", point=None, threshold=False
     return Heads(heads_a, heads_b, note)
 
 
+def render_windows(key, layer_a, layer_b, point=None) -> tuple:
+    """Each model's windows at its chosen layer (and the grid after the block's roll), the clicked token with the
+    keys it sees; a model with global attention, or none, says so."""
+    items = [run.window_views(layer=block_index(run, layer), point=run_point(run, point))
+             for run, layer in zip(runs(key), (layer_a, layer_b))]
+    return tuple(pictures_and_words(views)[0] for views in items) + (
+        "\n\n".join(f"**{side}**\n{pictures_and_words(views)[1]}" for side, views in zip(("Left", "Right"), items)),)
+
+
 def render_model_view(key, token="cls", point=None, threshold=False, fraction=DEFAULT_MASS, style="outline") -> tuple:
     """Every layer x head of both models, one row of thumbnails per layer."""
     mass = float(fraction) if threshold else None
@@ -76,10 +88,13 @@ def after_explain(key, token="cls", threshold=False, fraction=DEFAULT_MASS, styl
     heads, on its last layer and the head mean, with the attention and the heads drawn there."""
     runs_ = runs(key)
     depths = [len(run.trace.blocks) for run in runs_]
-    heads = [gr.Slider(minimum=0, maximum=run.trace.blocks[-1].attn.shape[1], value=0, step=1) for run in runs_]
+    heads = [gr.Slider(minimum=0, maximum=max(run.trace.blocks[-1].heads, 1), value=0, step=1,
+                       interactive=run.attends) for run in runs_]
     attention_a, attention_b = render_layers(key, depths[0], 0, depths[1], 0, None, "row")
     ready = Ready(layer_slider(depths[0]), heads[0], layer_slider(depths[1]), heads[1], attention_a, attention_b,
-                  layer_slider(depths[0]), layer_slider(depths[1]),
+                  layer_slider(depths[0]), layer_slider(depths[1]), *(gr.Slider(minimum=1, maximum=max(d, 2), value=1,
+                                                                               step=1, interactive=d > 1)
+                                                                     for d in depths),
                   render_heads(key, depths[0], depths[1], token, None, threshold, fraction, style))
     return (*ready[:-1], *ready.heads)   # Gradio's outputs, in the order of Ready's fields
 
@@ -127,6 +142,21 @@ def layout(page: Page) -> Attention:
                 with gr.Row():
                     every_a = gr.Gallery(label="left: one row per layer, head 1 on the left", columns=1, **WHOLE)
                     every_b = gr.Gallery(label="right: one row per layer, head 1 on the left", columns=1, **WHOLE)
+        with gr.Tab("Windows", id="windows"):
+            gr.Markdown("A windowed model (Swin) attends within windows of its token grid, and every second block "
+                        "first rolls the grid by half a window, so its windows straddle the previous block's borders; "
+                        "the windows that then wrap around the edges hold parts from both sides of the image, which "
+                        "a mask keeps apart. Click the image: the token and the keys it can see are outlined. "
+                        "Raw attention per head: the other sub-tabs, for the clicked token.")
+            with gr.Row():
+                windows_layer_a = gr.Slider(1, 12, value=1, step=1, label="left: layer", elem_id="windows-layer-a")
+                windows_layer_b = gr.Slider(1, 12, value=1, step=1, label="right: layer")
+            windows_note = gr.Markdown(elem_id="windows-note")
+            with gr.Row():
+                windows_a = gr.Gallery(label="left: windows, and the grid after the roll", columns=1, **WHOLE,
+                                       elem_id="windows-a")
+                windows_b = gr.Gallery(label="right: windows, and the grid after the roll", columns=1, **WHOLE,
+                                       elem_id="windows-b")
 
     layer_inputs = [key, layer_a, head_a, layer_b, head_b, point, direction]
     for i, control in enumerate((layer_a, head_a, layer_b, head_b, direction)):
@@ -142,21 +172,29 @@ def layout(page: Page) -> Attention:
                api_name="render_heads" if i == 0 else None, **INSTANT, **({} if i == 0 else HIDDEN))
     model_view_run.click(as_files(render_model_view), inputs=[key, token, point, threshold, fraction, style],
                          outputs=[every_a, every_b], api_name="render_model_view", **INSTANT)
+    windows_inputs, windows_outputs = [key, windows_layer_a, windows_layer_b, point], [windows_a, windows_b, windows_note]
+    for i, control in enumerate((windows_layer_a, windows_layer_b)):
+        control.release(as_files(render_windows), inputs=windows_inputs, outputs=windows_outputs,
+                        api_name="render_windows" if i == 0 else None, **INSTANT, **({} if i == 0 else HIDDEN))
 
     def explained(event, public: bool) -> None:
-        event.success(as_files(after_explain), inputs=[key, token, threshold, fraction, style],
-                      outputs=[layer_a, head_a, layer_b, head_b, attn_a, attn_b, heads_layer_a, heads_layer_b,
-                               *heads_outputs], **INSTANT, **HIDDEN)
+        ready = event.success(as_files(after_explain), inputs=[key, token, threshold, fraction, style],
+                              outputs=[layer_a, head_a, layer_b, head_b, attn_a, attn_b, heads_layer_a, heads_layer_b,
+                                       windows_layer_a, windows_layer_b, *heads_outputs], **INSTANT, **HIDDEN)
+        ready.success(as_files(render_windows), inputs=windows_inputs, outputs=windows_outputs, **INSTANT, **HIDDEN)
 
     def at_point(key_, layer_a_, head_a_, layer_b_, head_b_, point_, direction_, heads_layer_a_, heads_layer_b_,
-                 token_, threshold_, fraction_, style_):
-        """A click on the input image: the attention of the token under it, and the heads if they show it."""
+                 token_, threshold_, fraction_, style_, windows_layer_a_, windows_layer_b_):
+        """A click on the input image: the attention of the token under it, the heads if they show it, and the
+        windows with the keys it sees."""
         layers = render_layers(key_, layer_a_, head_a_, layer_b_, head_b_, point_, direction_)
+        windows = render_windows(key_, windows_layer_a_, windows_layer_b_, point_)
         if token_ != "point":
-            return (*layers, gr.skip(), gr.skip(), gr.skip())
+            return (*layers, gr.skip(), gr.skip(), gr.skip(), *windows)
         return (*layers, *render_heads(key_, heads_layer_a_, heads_layer_b_, token_, point_, threshold_, fraction_,
-                                       style_))
+                                       style_), *windows)
 
-    on_point = (as_files(at_point), [*layer_inputs, heads_layer_a, heads_layer_b, token, threshold, fraction, style],
-                [attn_a, attn_b, *heads_outputs])
+    on_point = (as_files(at_point), [*layer_inputs, heads_layer_a, heads_layer_b, token, threshold, fraction, style,
+                                     windows_layer_a, windows_layer_b],
+                [attn_a, attn_b, *heads_outputs, *windows_outputs])
     return Attention(explained=explained, on_point=on_point)

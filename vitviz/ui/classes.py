@@ -61,6 +61,9 @@ def render_faithfulness(key, method, steps) -> tuple:
         if not run.has_classifier:   # the curves follow a class's probability; the tab's note says so in words
             plots.append(None)
             continue
+        if not run.applies(method):
+            plots.append(run.map_view(method))   # the notice: the method reads attention, which a CNN has none of
+            continue
         curves = run.faithfulness(method, steps=int(steps))
         title = METHODS[method].title
         plots.append(faithfulness_plot(

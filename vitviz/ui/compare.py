@@ -1,7 +1,8 @@
-"""Compare: does CvT see like ViT? When each model commits to its class (the logit lens, per block and per
-token: `gpu.lens`, once per Explain, kept in the session), how alike the two models' layers are (CKA:
-shipped for the bundled pair, computed over a person's uploads by `gpu.cka`), and how much of each block's
-output is what its skip connection carries (the residual stream's share, from the kept traces)."""
+"""Compare: does CvT see like ViT, or a ViT like a CNN? When each model commits to its class (the logit lens, per
+block and per token: `gpu.lens`, once per Explain, kept in the session), how alike the two models' layers are
+(CKA: shipped for the bundled models, computed over a person's uploads by `gpu.cka`), how much of each block's
+output is what its skip connection carries (the residual stream's share, from the kept traces), and how far
+each layer looks (effective receptive fields, `gpu.receptive`, beside mean attention distance)."""
 from __future__ import annotations
 
 import functools
@@ -13,10 +14,10 @@ import numpy as np
 
 from .. import explain, render
 from ..compare import PUBLISHED_PAIR, CKAResult, heatmaps, markdown, published
-from ..render.compare import class_colours, lens_patches, lens_plot, residual_plot
+from ..render.compare import class_colours, lens_patches, lens_plot, reach_plot, receptive_view, residual_plot
 from ..session import ModelRun
 from . import gpu
-from .shared import HIDDEN, INSTANT, MODEL_EVENTS, Page, as_files, runs, session
+from .shared import HIDDEN, INSTANT, MODEL_EVENTS, Page, as_files, block_index, runs, session
 
 TITLE = "Compare"
 MIN_IMAGES, MAX_IMAGES = 8, 256    # CKA over a person's uploads: fewer than 8 says little; 256 fit one GPU call
@@ -34,6 +35,12 @@ CKA_WORDS = ("**Layer similarity.** Debiased linear CKA (Kornblith et al. 2019, 
 RESIDUAL_WORDS = ("**The residual stream.** Per block, the norm of what the skip connection carries against the norm "
                   "of what the block adds, ||x_in|| / ||x_out - x_in||, for the class token (solid) and the mean over "
                   "grid tokens (dashed), over relative depth: above 1 (dotted) a block mostly passes its input on.")
+REACH_WORDS = ("**How far each layer looks** (Raghu et al. 2021's comparison of ViTs and CNNs). For every block, how "
+               "strongly each input pixel moves the output of the token nearest the image's centre (the effective "
+               "receptive field, Luo et al. 2016: the gradient's magnitude), and the radius around that token "
+               "holding 50 % (solid) and 90 % (dashed) of it, as a share of the input's side over relative depth; "
+               "dotted, for models with attention, the mean attention distance of their heads. A CNN's field grows "
+               "with depth; a ViT's first layers can already look far.")
 WAITING = "Press **Explain** first: this panel reads both models on the image."
 
 
@@ -195,6 +202,66 @@ def render_residual(key) -> tuple:
     return residual_plot(shares), "\n\n".join(lines)
 
 
+# ---- how far each layer looks --------------------------------------------------------------------------------
+
+def receptive_fields(key) -> list[explain.ReceptiveField]:
+    """Both runs' receptive fields on the image: one `gpu.receptive` call the first time, kept in the session."""
+    kept = session(key)
+    return kept.reading("receptive", lambda: gpu.receptive(kept.names, [run.pixels for run in kept.runs],
+                                                           kept.prompts))
+
+
+def reach_figure(runs_: list[ModelRun], fields) -> np.ndarray:
+    """The radii of both models over relative depth, with the mean attention distance of those with attention."""
+    reaches, distances = {}, {}
+    for run, field in zip(runs_, fields):
+        depth = explain.relative_depth(run.trace, field.blocks)
+        reaches[run.name] = (depth, *(share.tolist() for share in field.share))
+        if run.attends:
+            side = min(run.trace.input_size)
+            distances[run.name] = (explain.relative_depth(run.trace),
+                                   [float(d[0].mean()) / side for d in explain.mean_attention_distance(run.trace)])
+    return reach_plot(reaches, distances)
+
+
+def reach_views(runs_: list[ModelRun], fields, layers) -> list[np.ndarray]:
+    """Each model's receptive field of its chosen block over the photo, with its two radii."""
+    views = []
+    for run, field, layer in zip(runs_, fields, layers):
+        block = block_index(run, layer)
+        k = field.blocks.index(block)
+        view = receptive_view(run.canvas, field.maps[k].numpy(), centre=tuple(field.centres[k].tolist()),
+                                             r50=float(field.r50[k]), r90=float(field.r90[k]))
+        views.append(render.caption(view, model=run.name, method="effective receptive field of the centre token",
+                                    layer=block + 1, note=f"50 % within {float(field.r50[k]):.0f} px, 90 % within "
+                                                          f"{float(field.r90[k]):.0f} px of the model's input"))
+    return views
+
+
+def render_reach(key) -> tuple:
+    """Both models' radii over depth (a model pass the first time, through `gpu.receptive`), both sliders on each
+    model's first layer and its receptive field there."""
+    if key is None:
+        return gr.skip(), gr.skip(), None, None, None, WAITING
+    runs_, fields = runs(key), receptive_fields(key)
+    sliders = [gr.Slider(minimum=1, maximum=max(len(run.trace.blocks), 2), value=1, step=1,
+                         interactive=len(run.trace.blocks) > 1) for run in runs_]
+    notes = [f"{run.name}: 90 % of the last block's field within {float(field.r90[-1]):.0f} px of "
+             f"{min(run.trace.input_size)} px ({float(field.share[1][-1]):.0%} of the side)"
+             for run, field in zip(runs_, fields)]
+    return (*sliders, reach_figure(runs_, fields), *reach_views(runs_, fields, (1, 1)), "; ".join(notes) + ".")
+
+
+def render_reach_layer(key, layer_a, layer_b) -> tuple:
+    """Each model's receptive field at the chosen layers, from the kept fields (never a model pass)."""
+    kept = session(key)
+    fields = kept.reading("receptive")
+    if fields is None:
+        raise gr.Error("The receptive fields of this Explain are not computed yet: open their sub-tab (or call "
+                       "/render_reach) first.")
+    return tuple(reach_views(kept.runs, fields, (layer_a, layer_b)))
+
+
 # ---- layer similarity (CKA) -------------------------------------------------------------------------------
 
 def pair(model_a, model_b) -> tuple[str, str]:
@@ -312,6 +379,19 @@ def layout(page: Page) -> Compare:
             files = gr.File(file_count="multiple", file_types=["image"], label="images for CKA", height=180,
                             elem_id="cka-files")
             compute = gr.Button("Compute CKA", elem_id="cka-compute")
+        with gr.Tab("How far each layer looks", id="reach") as reach_tab:
+            gr.Markdown(REACH_WORDS)
+            reach_words = gr.Markdown(elem_id="reach-note")
+            reach = gr.Image(label="receptive field radii over depth", show_label=False, interactive=False,
+                             elem_id="reach-plot")
+            with gr.Row():
+                reach_layer_a = gr.Slider(1, 12, value=1, step=1, label="left: layer", elem_id="reach-layer-a")
+                reach_layer_b = gr.Slider(1, 12, value=1, step=1, label="right: layer", elem_id="reach-layer-b")
+            with gr.Row():
+                reach_a = gr.Image(label="left: the centre token's receptive field", interactive=False,
+                                   elem_id="reach-a")
+                reach_b = gr.Image(label="right: the centre token's receptive field", interactive=False,
+                                   elem_id="reach-b")
         with gr.Tab("Residual stream", id="residual"):
             gr.Markdown(RESIDUAL_WORDS)
             residual_words = gr.Markdown(elem_id="residual-note")
@@ -334,6 +414,13 @@ def layout(page: Page) -> Compare:
     for i, control in enumerate((layer_a, layer_b)):
         control.release(as_files(render_lens_layer), inputs=[key, layer_a, layer_b], outputs=[patches_a, patches_b],
                         api_name="render_lens_layer" if i == 0 else None, **INSTANT, **({} if i == 0 else HIDDEN))
+    reach_outputs = [reach_layer_a, reach_layer_b, reach, reach_a, reach_b, reach_words]
+    reach_tab.select(as_files(render_reach), inputs=[key], outputs=reach_outputs, api_name="render_reach",
+                     **MODEL_EVENTS)
+    for i, control in enumerate((reach_layer_a, reach_layer_b)):
+        control.release(as_files(render_reach_layer), inputs=[key, reach_layer_a, reach_layer_b],
+                        outputs=[reach_a, reach_b], api_name="render_reach_layer" if i == 0 else None, **INSTANT,
+                        **({} if i == 0 else HIDDEN))
     page.tabs.select(compare_open, outputs=[is_open], api_name="compare_open", **INSTANT, **HIDDEN)
 
     def explained(event, public: bool) -> None:

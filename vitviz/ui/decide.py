@@ -72,6 +72,13 @@ def classifiers(key) -> list[int]:
     return [i for i, run in enumerate(runs(key)) if run.has_classifier]
 
 
+def stream_note(runs_: list[ModelRun]) -> str:
+    """Page text for a model whose blocks do not add to one residual stream (a ResNet): no attribution."""
+    return "\n\n".join(f"{run.name}: a ReLU follows each of its additions, so its logit is no sum of what its blocks "
+                       f"add and direct logit attribution does not apply (activation patching, below, does)."
+                       for run in runs_ if run.has_classifier and not run.trace.residual_stream)
+
+
 # ---- direct logit attribution -------------------------------------------------------------------------------
 
 def attributions(key) -> list[Decided | None]:
@@ -81,7 +88,7 @@ def attributions(key) -> list[Decided | None]:
     kept = session(key)
 
     def compute():
-        asked = classifiers(key)
+        asked = [i for i in classifiers(key) if kept.runs[i].trace.residual_stream]
         got = gpu.decide([kept.names[i] for i in asked], [kept.runs[i].pixels for i in asked], kept.prompts) \
             if asked else []
         found = dict(zip(asked, got))
@@ -93,15 +100,19 @@ def block_rows(layers) -> list[str]:
     return [str(layer + 1) for layer in layers]
 
 
-def heads_view(run: ModelRun, decided: Decided) -> np.ndarray:
+def heads_view(run: ModelRun, decided: Decided) -> np.ndarray | None:
     table = decided.table
+    if table["top_head"] is None:   # a convolutional network: no heads
+        return None
     values = np.array([row["heads"] for row in table["layers"]], dtype=float)
     return head_heatmap(values, title=f"{run.name}\nwhat each head writes for {table['target']['label']!r}",
                         rows=block_rows(row["layer"] for row in table["layers"]))
 
 
-def effects_view(run: ModelRun, decided: Decided) -> np.ndarray:
-    """The top head's token effects over the image, captioned with its layer and head."""
+def effects_view(run: ModelRun, decided: Decided) -> np.ndarray | None:
+    """The top head's token effects over the image, captioned with its layer and head (None without heads)."""
+    if decided.table["top_head"] is None:
+        return None
     top, layers = decided.table["top_head"], [row["layer"] for row in decided.table["layers"]]
     view = token_effect_view(run.canvas, decided.token_effects[layers.index(top["layer"]), top["head"]])
     return render.caption(view, model=run.name, method="token effects of the top head", layer=top["layer"] + 1,
@@ -114,6 +125,10 @@ def summary(run: ModelRun, decided: Decided) -> str:
     attention = sum(row["attention"] for row in table["layers"])
     mlp = sum(row["mlp"] for row in table["layers"])
     top = table["top_head"]
+    if top is None:   # a convolutional network: each block's whole update is one part
+        return (f"**{run.name}**, class **{table['target']['label']}**: logit {table['logit']:.3g} = the blocks "
+                f"{mlp:+.3g}, the last stage's input {table['embedding']:+.3g}, biases {table['bias']:+.3g} (sum of the "
+                f"parts {table['sum_of_parts']:.3g}); it has no attention heads.")
     return (f"**{run.name}**, class **{table['target']['label']}**: logit {table['logit']:.3g} = attention "
             f"{attention:+.3g}, MLPs {mlp:+.3g}, the class token's embedding {table['embedding']:+.3g}, biases "
             f"{table['bias']:+.3g} (sum of the parts {table['sum_of_parts']:.3g}); top head: layer {top['layer'] + 1}, "
@@ -127,7 +142,8 @@ def render_decide(key) -> Contributions:
         return Contributions(WAITING, None, None, None, None, None, None)
     runs_, readings = runs(key), attributions(key)
     pairs = [(run, decided) for run, decided in zip(runs_, readings) if decided is not None]
-    lines = [summary(run, decided) for run, decided in pairs] + [headless_note(runs_, "its heads to write")]
+    lines = [summary(run, decided) for run, decided in pairs] + [headless_note(runs_, "its heads to write"),
+                                                                 stream_note(runs_)]
     bars = [None if d is None else contribution_bars({run.name: d.table}) for run, d in zip(runs_, readings)]
     heads = [None if d is None else heads_view(run, d) for run, d in zip(runs_, readings)]
     effects = [None if d is None else effects_view(run, d) for run, d in zip(runs_, readings)]
@@ -147,9 +163,9 @@ def checked_group(group) -> int:
 
 
 def plans(run: ModelRun, group: int) -> list[explain.Plan]:
-    """What patching both sites of a run takes, from its kept trace."""
+    """What patching both sites of a run takes, from its kept trace (a model without heads: no head site)."""
     return [explain.patching_plan(run.trace, site=site, group=group, batch_size=gpu.PATCH_BATCH)
-            for site in explain.SITES]
+            if site == "resid" or run.attends else explain.Plan(0, 0) for site in explain.SITES]
 
 
 def patch_plan(key, group=DEFAULT_GROUP) -> str:
@@ -186,7 +202,9 @@ def positions_view(run: ModelRun, found: explain.Patching) -> np.ndarray:
                           rows=block_rows(range(len(found.grid))))
 
 
-def patch_heads_view(run: ModelRun, found: explain.Patching) -> np.ndarray:
+def patch_heads_view(run: ModelRun, found: explain.Patching | None) -> np.ndarray | None:
+    if found is None:   # a convolutional network: no heads to patch
+        return None
     return head_heatmap(found.heads.numpy(), title=f"{run.name}\nshare of the answer each head carries",
                         rows=block_rows(range(len(found.heads))))
 
@@ -215,6 +233,8 @@ def patch(key, against="blur", upload=None, group=DEFAULT_GROUP, progress=gr.Pro
     found = dict(zip(asked, kept.reading(("patch", against, path, group), compute)))
     lines = [f"Patched from {AGAINST[against]}, {GROUPS[group]}."]
     lines += [metric_words(kept.runs[i], found[i][0]) for i in asked] + [headless_note(kept.runs, "patching to follow")]
+    lines += [f"{kept.runs[i].name} has no attention heads: only its residual stream is patched."
+              for i in asked if found[i][1] is None]
     positions = [positions_view(run, found[i][0]) if i in found else None for i, run in enumerate(kept.runs)]
     heads = [patch_heads_view(run, found[i][1]) if i in found else None for i, run in enumerate(kept.runs)]
     return Patched(plan, "\n\n".join(line for line in lines if line), *positions, *heads)

@@ -44,6 +44,8 @@ TRACE_S, TRACE_LOADING_S, MAPS_S, FAITHFULNESS_S = 15, 60, 15, 30
 # the Compare tab: the logit lens (a traced forward each); CKA over up to 256 uploads (decoding them, and a traced
 # forward of each model per batch of 64)
 LENS_S, CKA_S = 15, 90
+# the Compare tab's receptive fields: a traced forward and one backward per block of each model
+RECEPTIVE_S = 30
 # the What decides tab: direct logit attribution (a traced forward each); patching, both sites of both models in
 # batched forwards of PATCH_BATCH patched images (CvT-13 at 224 px, group 1: 6,674 images)
 DECIDE_S, PATCH_S, PATCH_BATCH = 15, 120, 64
@@ -59,13 +61,15 @@ def gpu(*, duration):
 class Traced:
     """One model's traced forward on the picture, as it crosses back: its card (`LoadedModel.card`: names,
     labels, preprocessing, no weights), its 1 3 h w pixels and trace (fp32, CPU), and what the Anatomy tab
-    draws of its weights: the first pixel convolution's filters (d 3 k k) and the position embeddings
-    with their grid (None for a CvT)."""
+    draws of its weights: the first pixel convolution's filters (d 3 k k), the position embeddings
+    with their grid (None without: CvT, Swin, the CNNs) and each windowed block's relative position bias
+    (None without: all but Swin)."""
     card: hub.LoadedModel
     pixels: torch.Tensor
     trace: Trace
     filters: np.ndarray
     positions: tuple[np.ndarray, tuple[int, int]] | None
+    biases: list[np.ndarray] | None = None
 
 
 def load_model(name: str, progress=None) -> hub.LoadedModel:
@@ -132,7 +136,8 @@ def trace(upload: str, names: list[str], prompts: list[str] | None = None, progr
         pixels = model.preprocess(picture)
         traced.append(Traced(card=model.card(), pixels=pixels.cpu(), trace=trace_batch(model, pixels)[0],
                              filters=render.embedding_filters(model.model),
-                             positions=render.position_embedding(model.model)))
+                             positions=render.position_embedding(model.model),
+                             biases=render.relative_position_biases(model.model)))
     return picture, traced
 
 
@@ -187,6 +192,19 @@ def lens(names: list[str], pixels: list[torch.Tensor], prompts: list[str] | None
     return readings
 
 
+@gpu(duration=RECEPTIVE_S)
+def receptive(names: list[str], pixels: list[torch.Tensor], prompts: list[str] | None = None
+              ) -> list[explain.ReceptiveField]:
+    """Every block's effective receptive field of each model on its pixels (`explain.receptive_field`: a traced
+    forward, then one backward per block from its centre token), on the CPU, fp32."""
+    found = []
+    for model, image in zip(_models(names, prompts=prompts), pixels):
+        with MODEL_GATE():
+            field = in_words(explain.receptive_field, model.model, image.to(model.device))
+        found.append(replace(field, maps=field.maps.float().cpu(), centres=field.centres.float().cpu()))
+    return found
+
+
 def cka_seconds(names, uploads, tokens, progress=None) -> int:
     """CKA's GPU time: decoding the uploads and both models over them, and loading a model not in memory."""
     return CKA_S + (0 if set(names) <= set(hub.CACHE.names()) else TRACE_LOADING_S)
@@ -235,7 +253,8 @@ def patch(names: list[str], pixels: list[torch.Tensor], against: str, upload: st
     of `explain.CORRUPTIONS` (the same pixels blurred or with noise) or 'upload' (the file at `upload`, read
     with every check of `read_image` and preprocessed by each model's own transform). Per model the residual
     stream in `group` x `group` squares and every head's output (`explain.patch_activations`, `PATCH_BATCH`
-    patched images per forward) -> (resid, head) `Patching`s on the CPU, fp32."""
+    patched images per forward) -> (resid, head) `Patching`s on the CPU, fp32 (head: None for a model without
+    attention)."""
     loaded = _models(names, lambda f, d: progress(0.1 * f, desc=d), prompts)
     picture = None
     if against == "upload":
@@ -252,8 +271,14 @@ def patch(names: list[str], pixels: list[torch.Tensor], against: str, upload: st
         def step(done, total, k=k, name=model.name, words=words):
             progress(0.1 + 0.9 * (k + done / total) / len(runs), desc=f"{name}: {words}, forward {done} of {total}")
         with MODEL_GATE():
-            result = in_words(explain.patch_activations, model.model, clean, corrupted, site=site, group=group,
-                              batch_size=PATCH_BATCH, progress=step)
+            try:
+                result = explain.patch_activations(model.model, clean, corrupted, site=site, group=group,
+                                                   batch_size=PATCH_BATCH, progress=step)
+            except explain.NoAttention:   # a convolutional network has no heads to patch
+                found.append(None)
+                continue
+            except ValueError as e:   # what `in_words` says, for the other requests a model cannot answer
+                raise gr.Error(str(e)) from None
         cpu = lambda values: [v.float().cpu() for v in values]
         found.append(replace(result, grid=cpu(result.grid), prefix=cpu(result.prefix),
                              heads=None if result.heads is None else result.heads.float().cpu()))

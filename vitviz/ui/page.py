@@ -1,5 +1,5 @@
 """The page: the input image, the two model boxes, the one-click pairs, Explain, and the first screen
-that answers (both models' predictions, their rollout maps and what the two agree on), with the tabs
+that answers (both models' predictions, their rollout maps, Grad-CAM for a CNN, and what the two agree on), with the tabs
 under it, grouped by the question each answers."""
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from ..preprocess import PROMPT_TEMPLATE, prompts_from_text
 from ..session import MODEL_GATE, agreement
 from . import anatomy, attention, classes, decide, download, features, gpu, tokens
 from . import compare as compare_tab   # build() names its comparison line `compare`
-from .shared import HIDDEN, INSTANT, MODEL_EVENTS, SESSIONS, Page, as_files, runs
+from ..explain import METHODS
+from .shared import HIDDEN, INSTANT, MODEL_EVENTS, SESSIONS, Page, as_files, runs, session
 from .store import Session
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,19 +86,24 @@ def comparison(runs_, maps) -> str:
         verdict = f"Both predict **{a.top(1)[0].label}**."
     else:
         verdict = f"They disagree: {a.name} says **{a.top(1)[0].label}**, {b.name} says **{b.top(1)[0].label}**."
-    agree = ("Their rollout maps cannot be compared on this image." if rho is None else
-             f"Their attention rollout maps agree with a rank correlation of **{rho:.2f}** "
+    titles = sorted({METHODS[run.overview_method].title for run in runs_})
+    what = f"{' and '.join(titles)} maps"
+    agree = (f"Their {what} cannot be compared on this image." if rho is None else
+             f"Their {what} agree with a rank correlation of **{rho:.2f}** "
              f"(Spearman, over the image region both models saw; 1 = same ordering, 0 = unrelated).")
     return f"{verdict} {agree}"
 
 
 def render_maps(key, cmap=DEFAULT_CMAP, mode="bilinear", style="heatmap", shared=False) -> tuple:
-    """The rollout panels (colour map, upsampling, style, one colour scale or two) and the comparison line."""
-    runs_ = runs(key)
-    maps = [run.token_map("rollout") for run in runs_]
+    """The first screen's panels, each model's `overview_method` (rollout; Grad-CAM for a model without
+    attention), with the colour map, upsampling, style, one colour scale or two, and the comparison line."""
+    kept = session(key)
+    kept.fill_maps([[(run.overview_method, {})] for run in kept.runs])   # Grad-CAM: one GPU call, then kept
+    runs_ = kept.runs
+    maps = [run.token_map(run.overview_method) for run in runs_]
     values = [per_uniform(m) for m in maps] if shared else maps
     scale = shared_scale(*values) if shared else None
-    views = [run.map_view("rollout", values=v, scale=scale, cmap=cmap, mode=mode, style=style)
+    views = [run.map_view(run.overview_method, values=v, scale=scale, cmap=cmap, mode=mode, style=style)
              for run, v in zip(runs_, values)]
     return (*views, comparison(runs_, maps))
 
@@ -131,7 +137,7 @@ def stats() -> dict:
 
 INTRO = ("## vitviz: see inside vision transformers\n"
          "Upload a photo (or click an example), pick two models, press **Explain**: what each predicts and where its "
-         "attention flows (rollout); hatched: what a model never saw. The tabs below answer the next questions.")
+         "attention flows (rollout; a CNN, which has no attention: Grad-CAM); hatched: what a model never saw. The tabs below answer the next questions.")
 
 
 def build(vit: str, cvt: str, notice: str = "") -> gr.Blocks:
@@ -172,9 +178,9 @@ def build(vit: str, cvt: str, notice: str = "") -> gr.Blocks:
         compare = gr.Markdown(elem_id="comparison")
         with gr.Row(equal_height=False):
             label_a = gr.Label(num_top_classes=5, label="left: top 5", elem_id="label-a", min_width=200, scale=2)
-            map_a = gr.Image(label="left: attention rollout", interactive=False, height=240, elem_id="map-a",
+            map_a = gr.Image(label="left: attention rollout (a CNN: Grad-CAM)", interactive=False, height=240, elem_id="map-a",
                              min_width=200, scale=3)
-            map_b = gr.Image(label="right: attention rollout", interactive=False, height=240, elem_id="map-b",
+            map_b = gr.Image(label="right: attention rollout (a CNN: Grad-CAM)", interactive=False, height=240, elem_id="map-b",
                              min_width=200, scale=3)
             label_b = gr.Label(num_top_classes=5, label="right: top 5", elem_id="label-b", min_width=200, scale=2)
         with gr.Tabs(selected="attention", elem_id="tabs") as tabs:

@@ -64,7 +64,9 @@ def block_index(run: ModelRun, layer) -> int:
 
 def head_index(run: ModelRun, block: int, head) -> int | None:
     """A head slider's number (0 = the mean over heads) -> the head index, checked against the block."""
-    heads = run.trace.blocks[block].attn.shape[1]
+    heads = run.trace.blocks[block].heads
+    if not heads:   # a convolutional network: its views say there is no attention
+        return None
     if not 0 <= int(head) <= heads:
         raise gr.Error(f"Layer {block + 1} of {run.name} has {heads} head{'s' * (heads > 1)}: choose a head "
                        f"from 1 to {heads}, or 0 for their mean.")

@@ -57,6 +57,8 @@ class Session:
         for run, wanted in zip(self.runs, asked):
             pending = {}
             for method, options in wanted:
+                if not run.applies(method):   # its view says why (a method that reads attention, on a CNN)
+                    continue
                 key, request = gpu.in_words(run.map_request, method, **options)
                 if find_method(method).targeted and not run.kept(key):
                     pending[key] = request
@@ -72,7 +74,7 @@ class Session:
     def fill_faithfulness(self, method: str, steps: int) -> None:
         """Each classifier run's deletion and insertion curves of `method`'s map for its top class (one
         `gpu.faithfulness` call for all), unless it keeps them already."""
-        runs = [run for run in self.runs if run.has_classifier]
+        runs = [run for run in self.runs if run.has_classifier and run.applies(method)]
         todo = [run for run in runs if not run.kept(run.faithfulness_key(method, steps=steps))]
         if not todo:
             return
