@@ -21,6 +21,7 @@ except ImportError:
 
 from vitviz import catalog, hub  # noqa: E402
 from vitviz.image import MAX_UPLOAD_BYTES  # noqa: E402
+from vitviz.video import APP_MAX_BYTES as MAX_VIDEO_BYTES  # noqa: E402
 from vitviz.session import MODEL_GATE  # noqa: E402
 from vitviz.ui import build, gpu, serving  # noqa: E402
 
@@ -64,7 +65,8 @@ def main(argv=None) -> None:
     demo = build(vit, cvt, notice)
     serving.sweep_files(demo, age=serving.FILE_TTL)
     demo.queue(default_concurrency_limit=MODEL_GATE.slots, max_size=serving.QUEUE)
-    demo.launch(max_file_size=MAX_UPLOAD_BYTES, show_error=True)
+    # uploads above the image limit are videos' (read_image refuses an image above its own limit in words)
+    demo.launch(max_file_size=max(MAX_UPLOAD_BYTES, MAX_VIDEO_BYTES), show_error=True)
 
 
 if __name__ == "__main__":

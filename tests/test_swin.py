@@ -448,3 +448,17 @@ def test_relevance_of_the_pixels_sums_to_the_target_logit_when_biases_are_zero()
     logits = model(pixels).detach().gather(1, targets[:, None])[:, 0]
     relevance = explain.attnlrp(model, pixels, targets, pixel_map=True).sum(dim=(1, 2))
     assert ((relevance - logits).abs() / logits.abs()).max() <= 0.01
+
+
+def test_a_pass_in_inference_mode_first_leaves_nothing_that_breaks_a_later_pass_with_gradients():
+    """The window indices and masks are made once and kept (per geometry): made in inference mode, they could not
+    be saved for a backward pass later (the app traces in inference mode, then explains a class)."""
+    from vitviz.models import swin
+
+    _, ours = small_pair()
+    swin._partition.cache_clear()   # made afresh below, in inference mode
+    swin.relative_position_index.cache_clear()
+    pixels = torch.randn(1, 3, 112, 112)
+    with torch.inference_mode():
+        ours.trace(pixels)
+    assert explain.gradcam(ours, pixels, 0).shape == (1, 7, 7)

@@ -84,6 +84,9 @@ def image_files(run: ModelRun, methods: Sequence[str], *, formats: Sequence[str]
     entry = {**predictions, "target": top[0]["index"] if top else None, "maps": {}, "faithfulness": {}}
     files[PREDICTIONS] = (json.dumps(predictions, indent=2) + "\n").encode()
     for method in methods:
+        if not run.applies(method):   # a method that reads attention, for a CNN: said, not drawn
+            entry["maps"][method] = {"skipped": run.no_attention(find_method(method).title)}
+            continue
         values = run.token_map(method, **params)
         entry["maps"][method] = {"shape": list(values.shape)}
         if "npy" in formats:

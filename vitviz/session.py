@@ -443,9 +443,9 @@ class ModelRun:
                  f"{self.name} · layer {layer + 1}: {part.count[0] * part.count[1]} windows of {part.size}x{part.size} "
                  f"tokens ({part.size * stride} px), {shifted}"),
                 (render.rolled_view(self.canvas, part, stage=block.stage, point=point),
-                 f"{self.name} · layer {layer + 1}: the {part.grid[0]}x{part.grid[1]} grid as the block cuts it, after "
-                 f"rolling it by -{part.shift} tokens" + ("; dashed: where the wrapped rows and columns begin"
-                                                           if part.shift else ""))]
+                 f"{self.name} · layer {layer + 1}: the {part.grid[0]}x{part.grid[1]} grid as the block cuts it"
+                 + (f", after rolling it by -{part.shift} tokens on both axes; dashed: where the rows and columns the "
+                    f"roll wrapped around begin" if part.shift else " (this block does not roll it)"))]
 
     def feature_pca_view(self) -> tuple[np.ndarray, str]:
         """The DINOv2 paper's picture of the last layer's patch features (`render.foreground_pca`): a ViT's
@@ -567,18 +567,20 @@ def explain_images(images: Sequence[Image.Image], loaded, *, batch_size: int = 8
     return runs
 
 
-def agreement(a: ModelRun, b: ModelRun, map_a: np.ndarray, map_b: np.ndarray, *, cells: int = 32) -> float | None:
-    """Spearman rank correlation of two token maps over the image region both models saw, after
-    resampling each onto the same `cells`-wide lattice of the original image (their grids differ)."""
-    seen = a.canvas.seen(a.canvas.field(grid=map_a.shape)) & b.canvas.seen(b.canvas.field(grid=map_b.shape))
-    if a.canvas.size != b.canvas.size or seen.sum() < 4:
+def agreement(a: render.Canvas, b: render.Canvas, map_a: np.ndarray, map_b: np.ndarray, *,
+              cells: int = 32) -> float | None:
+    """Spearman rank correlation of two models' token maps (each on its model's canvas of the same image) over
+    the image region both models saw, after resampling each onto the same `cells`-wide lattice of the original
+    image (their grids differ)."""
+    seen = a.seen(a.field(grid=map_a.shape)) & b.seen(b.field(grid=map_b.shape))
+    if a.size != b.size or seen.sum() < 4:
         return None
-    h, w = a.canvas.size
+    h, w = a.size
     step = max(1, max(h, w) // cells)
     ys, xs = np.mgrid[step // 2:h:step, step // 2:w:step]
     keep = seen[ys, xs]
-    va = a.canvas.sample(map_a, a.canvas.field(grid=map_a.shape), at=(ys, xs))[keep]
-    vb = b.canvas.sample(map_b, b.canvas.field(grid=map_b.shape), at=(ys, xs))[keep]
+    va = a.sample(map_a, a.field(grid=map_a.shape), at=(ys, xs))[keep]
+    vb = b.sample(map_b, b.field(grid=map_b.shape), at=(ys, xs))[keep]
     return spearman(va, vb)
 
 

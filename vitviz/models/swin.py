@@ -102,9 +102,10 @@ def relative_position_index(window: int, table_window: int | None = None) -> Ten
     holding the (2 table_window - 1)^2 offsets of a window of side `table_window` (default: the same). A
     window smaller than the table's (the grid at another input size) reads the table's central offsets."""
     table_window = table_window or window
-    coords = torch.stack(torch.meshgrid(torch.arange(window), torch.arange(window), indexing="ij")).flatten(1)
-    offsets = coords[:, :, None] - coords[:, None, :] + table_window - 1   # 2 t t, from 0
-    return offsets[0] * (2 * table_window - 1) + offsets[1]
+    with torch.inference_mode(False):   # kept and reused: a tensor made in inference mode could not be saved for backward
+        coords = torch.stack(torch.meshgrid(torch.arange(window), torch.arange(window), indexing="ij")).flatten(1)
+        offsets = coords[:, :, None] - coords[:, None, :] + table_window - 1   # 2 t t, from 0
+        return offsets[0] * (2 * table_window - 1) + offsets[1]
 
 
 @functools.lru_cache(maxsize=64)

@@ -55,10 +55,11 @@ class WindowPartition:
         """nw t (long): the grid token (row-major on the unrolled grid) at each window position; padding
         positions hold h*w, one past the last token."""
         (h, w), (hp, wp) = self.grid, self.padded
-        rows, cols = torch.arange(hp)[:, None], torch.arange(wp)[None, :]
-        token = ((rows + self.shift) % h) * w + (cols + self.shift) % w
-        token = torch.where((rows < h) & (cols < w), token, h * w)
-        return _windows(token, self.size)
+        with torch.inference_mode(False):   # kept and reused, also by passes that keep a graph
+            rows, cols = torch.arange(hp)[:, None], torch.arange(wp)[None, :]
+            token = ((rows + self.shift) % h) * w + (cols + self.shift) % w
+            token = torch.where((rows < h) & (cols < w), token, h * w)
+            return _windows(token, self.size)
 
     @cached_property
     def masked(self) -> Tensor | None:
@@ -67,12 +68,13 @@ class WindowPartition:
         if not self.shift:
             return None
         region = []
-        for n in self.padded:   # three bands per axis: untouched, the window before the wrap, the wrapped part
-            band = torch.zeros(n, dtype=torch.long)
-            band[n - self.size:n - self.shift], band[n - self.shift:] = 1, 2
-            region.append(band)
-        label = _windows(region[0][:, None] * 3 + region[1][None, :], self.size)
-        return label[:, :, None] != label[:, None, :]
+        with torch.inference_mode(False):   # kept and reused, also by passes that keep a graph
+            for n in self.padded:   # three bands per axis: untouched, the window before the wrap, the wrapped part
+                band = torch.zeros(n, dtype=torch.long)
+                band[n - self.size:n - self.shift], band[n - self.shift:] = 1, 2
+                region.append(band)
+            label = _windows(region[0][:, None] * 3 + region[1][None, :], self.size)
+            return label[:, :, None] != label[:, None, :]
 
 
 def _windows(values: Tensor, size: int) -> Tensor:

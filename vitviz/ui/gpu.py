@@ -46,6 +46,9 @@ TRACE_S, TRACE_LOADING_S, MAPS_S, FAITHFULNESS_S = 15, 60, 15, 30
 LENS_S, CKA_S = 15, 90
 # the Compare tab's receptive fields: a traced forward and one backward per block of each model
 RECEPTIVE_S = 30
+# the Video tab: the models' cards; a chunk of frames (a traced forward of each model per chunk, and a forward and a
+# backward per frame for each targeted method)
+CARDS_S, VIDEO_CHUNK_S, VIDEO_FRAME_S = 15, 10, 1.0
 # the What decides tab: direct logit attribution (a traced forward each); patching, both sites of both models in
 # batched forwards of PATCH_BATCH patched images (CvT-13 at 224 px, group 1: 6,674 images)
 DECIDE_S, PATCH_S, PATCH_BATCH = 15, 120, 64
@@ -203,6 +206,30 @@ def receptive(names: list[str], pixels: list[torch.Tensor], prompts: list[str] |
             field = in_words(explain.receptive_field, model.model, image.to(model.device))
         found.append(replace(field, maps=field.maps.float().cpu(), centres=field.centres.float().cpu()))
     return found
+
+
+@gpu(duration=CARDS_S)
+def cards(names: list[str], prompts: list[str] | None = None) -> list[hub.LoadedModel]:
+    """The models' cards (names, labels, preprocessing; no weights): what the Video tab needs before its first
+    frames, to decode them no larger than the models need and to draw them."""
+    return [model.card() for model in _models(names, prompts=prompts)]
+
+
+def video_seconds(names, pixels, methods, prompts=None) -> int:
+    """A chunk's GPU time: a traced forward of each model, a backward per frame of each targeted method."""
+    targeted = sum(explain.method(m).targeted for m in methods)
+    return int(VIDEO_CHUNK_S + VIDEO_FRAME_S * len(pixels[0]) * (1 + targeted)) + (
+        0 if set(names) <= set(hub.CACHE.names()) else TRACE_LOADING_S)
+
+
+@gpu(duration=video_seconds)
+def video_frames(names: list[str], pixels: list[torch.Tensor], methods: list[str],
+                 prompts: list[str] | None = None) -> list:
+    """One chunk of a video's frames through each model (`pixels[i]`: b 3 h w, model `names[i]`'s preprocessing):
+    per model a `video.BatchReading` (each frame's top 5 and maps, plain arrays)."""
+    from ..video import read_batch
+
+    return [in_words(read_batch, model, image, methods) for model, image in zip(_models(names, prompts=prompts), pixels)]
 
 
 def cka_seconds(names, uploads, tokens, progress=None) -> int:

@@ -11,18 +11,17 @@ import gradio as gr
 
 from .. import catalog, hub
 from ..render import DEFAULT_CMAP, per_uniform, shared_scale
-from ..preprocess import PROMPT_TEMPLATE, prompts_from_text
+from ..preprocess import PROMPT_TEMPLATE
 from ..session import MODEL_GATE, agreement
-from . import anatomy, attention, classes, decide, download, features, gpu, tokens
+from . import anatomy, attention, classes, decide, download, features, gpu, tokens, video
 from . import compare as compare_tab   # build() names its comparison line `compare`
 from ..explain import METHODS
-from .shared import HIDDEN, INSTANT, MODEL_EVENTS, SESSIONS, Page, as_files, runs, session
+from .shared import DEFAULT_PROMPTS, HIDDEN, INSTANT, MODEL_EVENTS, SESSIONS, Page, as_files, prompts_of, runs, session
 from .store import Session
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted(str(p) for p in (ROOT / "assets").glob("*.jpg"))
 CMAPS = ["viridis", "inferno", "turbo", "magma"]
-DEFAULT_PROMPTS = "dog, cat, ball, grass"   # what a CLIP model looks for until a person types otherwise
 # where a one-click pair opens (default: attention)
 PAIR_TABS = {"DINOv2 vs DINOv2 with registers": ("tokens", "registers")}
 
@@ -55,14 +54,6 @@ def predictions(run) -> dict[str, float] | str:
     return {p.label: p.prob for p in run.top(5)}
 
 
-def prompts_of(text) -> list[str]:
-    """What a person typed in the prompt box -> CLIP prompts ("dog, ball" -> "a photo of a dog", ...)."""
-    try:
-        return prompts_from_text(text or "")
-    except ValueError as e:
-        raise gr.Error(str(e)) from None
-
-
 def prompt_box(model_a, model_b) -> gr.Textbox:
     """The prompt box, shown while a catalog CLIP model is chosen (a CLIP model by Hub id shows it once
     explained)."""
@@ -76,7 +67,7 @@ def takes_prompts(name) -> bool:
 
 def comparison(runs_, maps) -> str:
     a, b = runs_
-    rho = agreement(a, b, *maps)
+    rho = agreement(a.canvas, b.canvas, *maps)
     headless = [run.name for run in runs_ if not run.has_classifier]
     if headless:
         verdict = (f"{' and '.join(headless)} {'has' if len(headless) == 1 else 'have'} no classifier (self-supervised), "
@@ -192,6 +183,7 @@ def build(vit: str, cvt: str, notice: str = "") -> gr.Blocks:
             anatomy.layout(page)
             compare_parts = compare_tab.layout(page)
             decide_parts = decide.layout(page)
+            video_parts = video.layout(page, prompts)
             download.layout(page)
 
         answer = [key, label_a, label_b, map_a, map_b, compare, point]
@@ -212,6 +204,9 @@ def build(vit: str, cvt: str, notice: str = "") -> gr.Blocks:
                                   **INSTANT, **HIDDEN)
             explained(chosen.success(as_files(explain), inputs=[image, model_a, model_b, prompts], outputs=answer,
                                      api_name=f"explain_{name}", preprocess=False, **MODEL_EVENTS, **HIDDEN))
+        explained(video_parts.chosen.success(as_files(explain), inputs=[image, model_a, model_b, prompts],
+                                             outputs=answer, api_name="explain_frame", preprocess=False,
+                                             **MODEL_EVENTS, **HIDDEN))
         for i, control in enumerate((cmap, mode, style, shared)):
             control.change(as_files(render_maps), inputs=maps_inputs, outputs=[map_a, map_b, compare],
                            api_name="render_maps" if i == 0 else f"render_maps_{i}", **INSTANT,

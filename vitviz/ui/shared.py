@@ -14,6 +14,7 @@ import numpy as np
 from PIL import Image
 from gradio.utils import get_upload_folder
 
+from ..preprocess import prompts_from_text
 from ..session import MODEL_GATE, ModelRun
 from .store import Session, SessionStore
 
@@ -26,6 +27,7 @@ WHOLE = dict(height="fit-content", object_fit="contain")
 MODEL_EVENTS = dict(concurrency_id="model", concurrency_limit=MODEL_GATE.slots)
 INSTANT = dict(concurrency_limit=None, show_progress="minimal")
 HIDDEN = dict(api_visibility="undocumented")   # an event chain's copy of a documented endpoint
+DEFAULT_PROMPTS = "dog, cat, ball, grass"   # what a CLIP model looks for until a person types otherwise
 
 
 @dataclass
@@ -38,6 +40,14 @@ class Page:
     model_a: gr.Dropdown
     model_b: gr.Dropdown
     tabs: gr.Tabs
+
+
+def prompts_of(text) -> list[str]:
+    """What a person typed in the prompt box -> CLIP prompts ("dog, ball" -> "a photo of a dog", ...)."""
+    try:
+        return prompts_from_text(text or "")
+    except ValueError as e:
+        raise gr.Error(str(e)) from None
 
 
 def session(key) -> Session:

@@ -1,0 +1,503 @@
+"""Attention in motion: a video through two models, frame by frame, written as one side-by-side video.
+
+    python -m vitviz video clip.mp4 --models vit-base cvt-13 --methods rollout chefer --fps 8 --out runs/
+
+Reading (PyAV, FFmpeg in-process). Frames are decoded in order and sampled at `fps` (default 8): a frame
+is kept when its time reaches the next sample time k / fps, so a source slower than `fps` keeps every
+frame, and a variable frame rate keeps the frames' own times. Each kept frame is turned upright by the
+stream's display matrix (a phone's portrait video is stored on its side), and decoded no larger than the
+models and the views need: its shorter side at least every model's resize, its longer side at least the
+views' `MAX_SIDE` (FFmpeg's scaler does the shrinking). Nothing is held whole: frames are read, sent
+through the models `batch_size` at a time, drawn, encoded and dropped; only the small token maps and the
+predictions are kept, for the arrays and the stability numbers.
+
+Per frame, each model gets what a photo gets (`session.explain_image`): its predictions and the chosen
+methods' maps, a targeted method explaining that frame's top class. The video shows each model's first
+method over the frame with its top class and probability; a model without a classifier shows instead
+DINO's display of its last layer: the class token's attention (head mean) with the smallest set of tokens
+holding 60 % of it outlined (`explain.mass_threshold`).
+
+Stability. Per model, the mean Spearman rank correlation of consecutive frames' maps (1: steady; lower:
+the explanation flickers), and per frame the two models' agreement, the rank correlation of their maps
+over the image region both saw (the first screen's comparison line, `session.agreement`). `smoothing` w
+replaces each map by an exponential moving average m_t = w m_(t-1) + (1 - w) x_t before it is drawn,
+saved and measured; off (0) by default, and the manifest says when it is on.
+
+Writing. One H.264 MP4 (yuv420p, even sides, `+faststart` so a browser plays it while it loads) of the
+two panels side by side at the sampling rate; per model `<model>/<method>.npy` (frames gh gw) and
+`predictions.json` (per frame: time, top 5); `timeline.png` (each model's top-1 probability over time,
+shaded where the two disagree, and their agreement); and `manifest.json` (source, frames and their times,
+models, methods, stability).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from . import __version__, explain, render
+from .export import model_entry, npy_bytes, png_bytes, safe_name, write_atomic
+from .models.trace import Embedding
+from .render.geometry import MAX_SIDE
+from .session import MODEL_GATE, MapRequest, agreement, autocast, class_map, spearman
+
+DEFAULT_FPS = 8.0
+MAX_FPS = 60.0
+MAX_VIDEO_BYTES = 2_000_000_000        # 2 GB: a long phone video fits; the app's uploads are bounded lower
+MAX_FRAME_PIXELS = 8192 * 4320         # 8K: larger frames are refused before one is decoded
+APP_MAX_SECONDS, APP_MAX_FRAMES = 30.0, 300   # what the app takes of a video (the CLI takes all of it)
+APP_MAX_BYTES = 300_000_000                    # the app's uploads: a 30 s 4K phone clip is about 200 MB
+VIDEO_FILE, TIMELINE_FILE, MANIFEST_FILE, PREDICTIONS_FILE = ("side-by-side.mp4", "timeline.png", "manifest.json",
+                                                              "predictions.json")
+DINO_MASS = explain.DEFAULT_MASS
+Progress = Callable[[int, int | None], None]   # (frames done, frames in all when known)
+
+
+class VideoError(ValueError):
+    """A video we will not read; the message says why in plain words."""
+
+
+@dataclass(frozen=True)
+class VideoInfo:
+    width: int           # stored frame size (before the display rotation)
+    height: int
+    rotation: int        # counter-clockwise degrees the display matrix turns a frame by (0, 90, 180, 270)
+    duration: float | None   # seconds, where the container says
+    rate: float | None   # the stream's average frame rate
+    codec: str
+
+
+@dataclass(frozen=True)
+class Frame:
+    index: int           # among the sampled frames
+    time: float          # seconds from the stream's start
+    image: Image.Image   # upright RGB
+
+
+def probe(path: str | os.PathLike) -> VideoInfo:
+    """The first video stream's geometry and timing, or a VideoError in words (not a video, no video stream, an
+    unreadable or enormous one)."""
+    import av
+
+    path = Path(path)
+    if not path.is_file():
+        raise VideoError(f"There is no video file at {path}" + (" (it is a folder)" if path.is_dir() else ""))
+    size = path.stat().st_size
+    if size == 0:
+        raise VideoError("The file is empty (0 bytes): the upload may have failed; try again.")
+    if size > MAX_VIDEO_BYTES:
+        raise VideoError(f"The file is {size / 1e9:.1f} GB; the limit is {MAX_VIDEO_BYTES / 1e9:g} GB.")
+    try:
+        with av.open(str(path)) as container:
+            if not container.streams.video:
+                kinds = sorted({s.type for s in container.streams}) or ["no"]
+                raise VideoError(f"The file has no video stream (it holds {' and '.join(kinds)} streams"
+                                 f"{': an audio file?' if 'audio' in kinds else ''}).")
+            stream = container.streams.video[0]
+            width, height = stream.codec_context.width, stream.codec_context.height
+            duration = float(container.duration / 1e6) if container.duration else None
+            rate = float(stream.average_rate) if stream.average_rate else None
+            codec = stream.codec_context.name
+            rotation = _rotation_of(container, stream)
+    except VideoError:
+        raise
+    except (av.error.InvalidDataError, av.error.FFmpegError, UnicodeDecodeError) as e:
+        raise VideoError(f"This file is not a video FFmpeg can read ({_reason(e)}). vitviz reads MP4, WebM, MOV, "
+                         f"MKV, AVI and animated GIF.") from None
+    if not width or not height:
+        raise VideoError("The video stream has no frame size: the file is damaged or not a video.")
+    if width * height > MAX_FRAME_PIXELS:
+        raise VideoError(f"The video's frames are {width}x{height} pixels; vitviz reads frames up to 8K "
+                         f"({MAX_FRAME_PIXELS / 1e6:.0f} MP). Scale it down (e.g. to 1920 px wide) and try again.")
+    return VideoInfo(width, height, rotation, duration, rate, codec)
+
+
+def _rotation_of(container, stream) -> int:
+    """The display rotation of the stream, from its first frame's display matrix (0 if it has none)."""
+    for frame in container.decode(stream):
+        return int(round(frame.rotation or 0)) % 360
+    return 0
+
+
+def _reason(error: BaseException) -> str:
+    """FFmpeg's own few words for what went wrong ('Invalid data found when processing input')."""
+    text = getattr(error, "strerror", None) or str(error) or type(error).__name__
+    return text[:160]
+
+
+def _upright(image: Image.Image, rotation: int) -> Image.Image:
+    """A decoded frame turned as its display matrix says (counter-clockwise degrees)."""
+    turn = {90: Image.Transpose.ROTATE_90, 180: Image.Transpose.ROTATE_180, 270: Image.Transpose.ROTATE_270}
+    return image.transpose(turn[rotation]) if rotation in turn else image
+
+
+def decode_scale(width: int, height: int, rotation: int, *, resize: int) -> float:
+    """How far to shrink a frame while decoding: its shorter side stays at least `resize` (the models' largest)
+    and its longer side at least MAX_SIDE (the views'); never enlarged."""
+    if rotation in (90, 270):
+        width, height = height, width
+    return min(1.0, max(resize / min(width, height), MAX_SIDE / max(width, height)))
+
+
+def read_frames(path: str | os.PathLike, *, fps: float = DEFAULT_FPS, resize: int = MAX_SIDE,
+                max_seconds: float | None = None, max_frames: int | None = None) -> Iterator[Frame]:
+    """The video's frames sampled at `fps` (see the module docstring), upright and decoded small, one at a time;
+    at most `max_seconds` of it and `max_frames` frames. A truncated or damaged stream ends with a VideoError
+    that says how far it got; a video with no frame at all is one too."""
+    import av
+
+    if not 0 < fps <= MAX_FPS:
+        raise VideoError(f"The frame rate must be above 0 and at most {MAX_FPS:g} frames a second, not {fps!r}.")
+    info = probe(path)
+    scale = decode_scale(info.width, info.height, info.rotation, resize=resize)
+    width, height = max(2, round(info.width * scale)), max(2, round(info.height * scale))
+    step, next_time, count, start = 1.0 / fps, 0.0, 0, None
+    try:
+        with av.open(str(path)) as container:
+            stream = container.streams.video[0]
+            stream.thread_type = "AUTO"
+            for frame in container.decode(stream):
+                if frame.time is None:
+                    continue
+                start = frame.time if start is None else start
+                t = frame.time - start
+                if max_seconds is not None and t >= max_seconds:
+                    break
+                if t + 1e-6 < next_time:
+                    continue
+                image = frame.to_image(width=width, height=height, interpolation="AREA")
+                yield Frame(count, round(t, 6), _upright(image, info.rotation))
+                count += 1
+                next_time = (math.floor(t / step + 1e-6) + 1) * step
+                if max_frames is not None and count >= max_frames:
+                    break
+    except (av.error.InvalidDataError, av.error.FFmpegError) as e:
+        raise VideoError(f"The video is damaged or cut short: decoding stopped after {count} sampled frame(s) "
+                         f"({_reason(e)}).") from None
+    if count == 0:
+        raise VideoError("The video has no frame that can be decoded.")
+
+
+# ---- the models on a batch of frames -------------------------------------------------------------------------
+
+@dataclass
+class FrameReading:
+    """One model on one frame, as plain data (it crosses from the app's GPU functions): its top 5 (index, prob),
+    each method's map (gh gw float32), and for a model without a classifier its DINO display map."""
+    top: list[tuple[int, float]]
+    maps: dict[str, np.ndarray]
+    heads: np.ndarray | None = None   # gh gw: the last layer's class-token attention, head mean (no classifier)
+
+
+@dataclass
+class BatchReading:
+    """One model on a batch of frames: each frame's reading, and the geometry the drawing needs (its token
+    embeddings for these pixels, the last block's stage, whether it attends)."""
+    frames: list[FrameReading]
+    embeddings: list[Embedding]
+    last_stage: int
+    attends: bool
+
+
+def read_batch(loaded, pixels: torch.Tensor, methods: Sequence[str]) -> BatchReading:
+    """`loaded` on b 3 h w pixels: each frame's top 5 and the maps of `methods`, as `ModelRun.token_map` computes
+    them for a photo (a targeted method explains each frame's top class; a model without a classifier, the
+    similarity of its pooled output to its own direction). Methods that read attention are skipped for a model
+    without it."""
+    pixels = pixels.to(loaded.device)
+    with MODEL_GATE(), torch.inference_mode(), autocast(pixels.device):
+        trace = loaded.model.trace(pixels)
+    probs = trace.logits.float().softmax(dim=-1)
+    readings = []
+    for i in range(len(pixels)):
+        top = [(int(k), float(p)) for p, k in zip(*probs[i].topk(min(5, probs.shape[-1])))] if probs.shape[-1] else []
+        readings.append(FrameReading(top=top, maps={}))
+    attends = trace.blocks[-1].attends
+    for method in methods:
+        m = explain.method(method)
+        if m.reads_attention and not attends:
+            continue
+        if not m.targeted:
+            for reading, values in zip(readings, m.from_trace(trace)):
+                reading.maps[method] = values.float().cpu().numpy()
+            continue
+        for i, reading in enumerate(readings):   # one image at a time, as a photo's map is computed
+            direction = None if reading.top else trace.pooled[i].detach().float().cpu()
+            request = MapRequest(method, reading.top[0][0] if reading.top else 0, direction, {})
+            reading.maps[method] = class_map(loaded.model, pixels[i:i + 1], request)
+    if not trace.has_classifier and attends and "cls" in trace.blocks[-1].prefix_kinds:
+        heads = explain.head_attention(trace, layer=-1, query="cls", on_query_grid=True).mean(dim=1)
+        for reading, values in zip(readings, heads):
+            reading.heads = values.float().cpu().numpy()
+    return BatchReading(readings, trace.embeddings, trace.blocks[-1].stage, attends)
+
+
+def frame_saver(folder: Path, quality: int = 90) -> Callable[[Frame], None]:
+    """Keep each sampled frame as a JPEG in `folder` (frame-0000.jpg, ...), so one can be explained later (the app's
+    frame slider) without decoding the video again."""
+    folder.mkdir(parents=True, exist_ok=True)
+    return lambda frame: frame.image.save(folder / f"frame-{frame.index:04d}.jpg", quality=quality)
+
+
+# ---- drawing and encoding -----------------------------------------------------------------------------------
+
+def panel(canvas: render.Canvas, loaded, reading: FrameReading, batch: BatchReading, method: str | None, *,
+          time: float) -> np.ndarray:
+    """One model's picture of one frame: its first method's map (a model without a classifier: DINO's display)
+    over the frame, captioned with its top class and probability."""
+    note = f"{time:.2f} s"
+    if reading.heads is not None:
+        mask = explain.mass_threshold(torch.from_numpy(reading.heads), DINO_MASS).numpy()
+        view = render.head_tile(canvas, reading.heads, field=batch.last_stage, mask=mask, style="outline")
+        return render.caption(view, model=loaded.name, method=f"class-token attention, {DINO_MASS:.0%} of it "
+                                                              f"outlined", note=note)
+    if method is None or method not in reading.maps:
+        words = (f"{loaded.name} is a convolutional network: no attention, so no {explain.method(method).title}"
+                 if method else "no method asked for")
+        return render.caption(render.notice(canvas, words), model=loaded.name, method="no map", note=note)
+    view = render.overlay(canvas, reading.maps[method])
+    target = f"{loaded.labels[reading.top[0][0]]} {reading.top[0][1]:.0%}" if reading.top else None
+    return render.caption(view, model=loaded.name, method=explain.method(method).title, target=target, note=note)
+
+
+def side_by_side(panels: Sequence[np.ndarray]) -> np.ndarray:
+    """The panels in one row, padded to the tallest and to even sides (yuv420p needs them)."""
+    height = max(p.shape[0] for p in panels)
+    padded = [np.pad(p, ((0, height - p.shape[0]), (0, 0), (0, 0)), constant_values=24) for p in panels]
+    row = np.concatenate(padded, axis=1)
+    return np.pad(row, ((0, row.shape[0] % 2), (0, row.shape[1] % 2), (0, 0)), constant_values=24)
+
+
+class VideoWriter:
+    """An H.264 MP4 written frame by frame (yuv420p, `+faststart`), its size set by the first frame, under a
+    temporary name until it is complete."""
+
+    def __init__(self, path: Path, fps: float):
+        import av
+
+        self.path, self.fps = Path(path), fps
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = self.path.with_name(f".{self.path.stem}.tmp.mp4")
+        self.container = av.open(str(self.tmp), "w", format="mp4", options={"movflags": "+faststart"})
+        self.stream = None
+        self.frames = 0
+
+    def write(self, image: np.ndarray) -> None:
+        import av
+
+        if self.stream is None:
+            self.stream = self.container.add_stream("libx264", rate=Fraction(self.fps).limit_denominator(1000))
+            self.stream.width, self.stream.height = image.shape[1], image.shape[0]
+            self.stream.pix_fmt = "yuv420p"
+            self.stream.options = {"crf": "23", "preset": "veryfast"}
+        if image.shape[:2] != (self.stream.height, self.stream.width):   # every frame the first one's size
+            image = np.asarray(Image.fromarray(image).resize((self.stream.width, self.stream.height)))
+        frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(image), format="rgb24")
+        for packet in self.stream.encode(frame):
+            self.container.mux(packet)
+        self.frames += 1
+
+    def close(self) -> Path:
+        if self.stream is not None:
+            for packet in self.stream.encode():
+                self.container.mux(packet)
+        self.container.close()
+        os.replace(self.tmp, self.path)
+        return self.path
+
+    def abort(self) -> None:
+        try:
+            self.container.close()
+        finally:
+            self.tmp.unlink(missing_ok=True)
+
+
+# ---- stability and the timeline ---------------------------------------------------------------------------------
+
+def steadiness(maps: Sequence[np.ndarray]) -> float | None:
+    """The mean Spearman correlation of consecutive frames' maps; None for fewer than 2 frames."""
+    values = [spearman(a.ravel(), b.ravel()) for a, b in zip(maps[:-1], maps[1:])]
+    values = [v for v in values if v is not None]
+    return float(np.mean(values)) if values else None
+
+
+def timeline_plot(times: Sequence[float], top1: dict[str, Sequence[float]], labels: dict[str, Sequence[str]],
+                  agreements: Sequence[float | None]) -> np.ndarray:
+    """Each model's top-1 probability over time, shaded where the two models' top classes differ; below, the two
+    models' agreement (rank correlation of their maps) per frame."""
+    from matplotlib.figure import Figure
+
+    from .render.anatomy import PLOT_COLOURS, _figure_to_rgb
+
+    fig = Figure(figsize=(8.0, 4.2), dpi=100, layout="constrained")
+    top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=(2, 1))
+    t = np.asarray(times, dtype=float)
+    for k, (name, probs) in enumerate(top1.items()):
+        top.plot(t, probs, lw=2, color=PLOT_COLOURS[k % len(PLOT_COLOURS)], label=name)
+    names = list(labels)
+    if len(names) == 2 and all(labels.values()):
+        differ = np.array([a != b for a, b in zip(labels[names[0]], labels[names[1]])])
+        half = (t[1] - t[0]) / 2 if len(t) > 1 else 0.5
+        for i in np.flatnonzero(differ):
+            top.axvspan(t[i] - half, t[i] + half, color="0.85", lw=0)
+        if differ.any():
+            top.plot([], [], color="0.85", lw=6, label="top classes differ")
+    top.set_ylim(0, 1.02)
+    top.set_ylabel("top-1 probability")
+    top.grid(alpha=0.3)
+    if top1:
+        top.legend(fontsize=8, loc="lower left")
+    agree = np.array([np.nan if v is None else v for v in agreements], dtype=float)
+    bottom.plot(t, agree, color="0.3", lw=1.5)
+    bottom.set_ylim(-1, 1)
+    bottom.axhline(0, color="0.7", lw=1)
+    bottom.set_ylabel("maps agree (ρ)")
+    bottom.set_xlabel("time (s)")
+    bottom.grid(alpha=0.3)
+    return _figure_to_rgb(fig)
+
+
+# ---- the whole video ---------------------------------------------------------------------------------------------
+
+Read = Callable[[Sequence, list[torch.Tensor], list[str]], list[BatchReading]]
+
+
+@dataclass
+class VideoResult:
+    folder: Path
+    video: Path
+    timeline: np.ndarray
+    manifest: dict
+
+    @property
+    def stability(self) -> dict:
+        return self.manifest["stability"]
+
+
+def explain_video(path: str | os.PathLike, models: Sequence, *, methods: Sequence[str] = ("rollout",),
+                  out: str | os.PathLike, fps: float = DEFAULT_FPS, smoothing: float = 0.0, batch_size: int = 8,
+                  max_seconds: float | None = None, max_frames: int | None = None, read: Read | None = None,
+                  progress: Progress | None = None, keep: Callable[[Frame], None] | None = None) -> VideoResult:
+    """The video at `path` through `models` (`LoadedModel`s or their cards, one or two), frame by frame, into the
+    folder `out` (what is written: the module docstring). `read(models, pixels, methods)` runs the models on a
+    batch (default: here, `read_batch`; the app passes its GPU function); `progress(done, total)` hears each
+    batch (total None when the container does not say how long it is); `keep(frame)` hears every sampled frame."""
+    for method in methods:
+        explain.method(method)
+    if not 0.0 <= smoothing < 1.0:
+        raise VideoError(f"The smoothing weight must be in [0, 1) (0: off), not {smoothing!r}.")
+    if batch_size < 1:
+        raise VideoError(f"The batch size must be at least 1, not {batch_size}.")
+    out = Path(out)
+    info = probe(path)
+    resize = max(max(m.transform.resize) if isinstance(m.transform.resize, tuple) else m.transform.resize
+                 for m in models)
+    total = _expected_frames(info, fps, max_seconds, max_frames)
+    read = read or (lambda ms, pixels, asked: [read_batch(m, p, asked) for m, p in zip(ms, pixels)])
+    writer = VideoWriter(out / VIDEO_FILE, fps=min(fps, info.rate or fps))   # a slower source plays at its own rate
+    maps = {(k, method): [] for k in range(len(models)) for method in methods}
+    predictions = [[] for _ in models]
+    times, agreements, previous = [], [], {}
+    first = methods[0] if methods else None
+    batch: list[Frame] = []
+
+    def flush() -> None:
+        pixels = [torch.cat([m.transform(f.image) for f in batch]) for m in models]   # CPU: cards have no device
+        readings = read(models, pixels, list(methods))
+        for i, frame in enumerate(batch):
+            canvases = []
+            for k, (model, reading) in enumerate(zip(models, readings)):
+                frame_reading = reading.frames[i]
+                for method in list(frame_reading.maps):
+                    if smoothing and (k, method) in previous:
+                        frame_reading.maps[method] = (smoothing * previous[(k, method)]
+                                                      + (1 - smoothing) * frame_reading.maps[method])
+                    previous[(k, method)] = frame_reading.maps[method]
+                    maps[(k, method)].append(frame_reading.maps[method])
+                predictions[k].append({"time": frame.time, "top5": [
+                    {"index": c, "label": model.labels[c], "prob": round(p, 6)} for c, p in frame_reading.top]})
+                canvases.append(render.Canvas(frame.image, model.transform, reading.embeddings))
+            writer.write(side_by_side([panel(canvas, model, reading.frames[i], reading, first, time=frame.time)
+                                       for canvas, model, reading in zip(canvases, models, readings)]))
+            times.append(frame.time)
+            both = [reading.frames[i].maps.get(first) for reading in readings]
+            agreements.append(agreement(*canvases, *both) if len(both) == 2 and all(m is not None for m in both)
+                              else None)
+        if progress is not None:
+            progress(len(times), total)
+        batch.clear()
+
+    try:
+        for frame in read_frames(path, fps=fps, resize=resize, max_seconds=max_seconds, max_frames=max_frames):
+            if keep is not None:
+                keep(frame)
+            batch.append(frame)
+            if len(batch) == batch_size:
+                flush()
+        if batch:
+            flush()
+        video = writer.close()
+    except BaseException:
+        writer.abort()
+        raise
+    return _write_outputs(out, Path(path), info, models, methods, fps, smoothing, times, maps, predictions,
+                          agreements, video, cut=(max_seconds, max_frames))
+
+
+def _expected_frames(info: VideoInfo, fps: float, max_seconds: float | None, max_frames: int | None) -> int | None:
+    """About how many frames sampling keeps (for a progress bar), None where the container gives no duration."""
+    if not info.duration:
+        return None
+    seconds = min(info.duration, max_seconds or info.duration)
+    frames = int(math.ceil(seconds * min(fps, info.rate or fps)))
+    return min(frames, max_frames) if max_frames else frames
+
+
+def _write_outputs(out: Path, path: Path, info: VideoInfo, models, methods, fps, smoothing, times, maps, predictions,
+                   agreements, video: Path, *, cut) -> VideoResult:
+    """The arrays, predictions, timeline and manifest beside the video; the stability numbers."""
+    stability = {"consecutive_frames_spearman": {}, "agreement": {
+        "per_frame": [None if a is None else round(a, 6) for a in agreements],
+        "mean": None if not [a for a in agreements if a is not None] else
+        round(float(np.mean([a for a in agreements if a is not None])), 6)},
+        "smoothing": smoothing or None}
+    files = {}
+    for k, model in enumerate(models):
+        folder = safe_name(model.name)
+        steady = {}
+        for method in methods:
+            if maps[(k, method)]:
+                stack = np.stack(maps[(k, method)])
+                write_atomic(out / folder / f"{method}.npy", npy_bytes(stack))
+                files[f"{folder}/{method}.npy"] = list(stack.shape)
+                value = steadiness(stack)
+                steady[method] = None if value is None else round(value, 6)
+        stability["consecutive_frames_spearman"][model.name] = steady
+        write_atomic(out / folder / PREDICTIONS_FILE, (json.dumps(predictions[k], indent=1) + "\n").encode())
+    top1 = {m.name: [p["top5"][0]["prob"] for p in predictions[k]] for k, m in enumerate(models)
+            if predictions[k] and predictions[k][0]["top5"]}
+    labels = {m.name: [p["top5"][0]["label"] for p in predictions[k]] for k, m in enumerate(models)
+              if predictions[k] and predictions[k][0]["top5"]}
+    timeline = timeline_plot(times, top1, labels, agreements)
+    write_atomic(out / TIMELINE_FILE, png_bytes(timeline))
+    seconds, frames = cut
+    manifest = {"vitviz_version": __version__,
+                "source": {"path": str(path), "width": info.width, "height": info.height, "rotation": info.rotation,
+                           "duration": info.duration, "rate": info.rate, "codec": info.codec},
+                "sampling": {"fps": fps, "frames": len(times), "times": times, "max_seconds": seconds,
+                             "max_frames": frames},
+                "models": [model_entry(m) for m in models], "methods": list(methods),
+                "files": {VIDEO_FILE: {"frames": len(times), "codec": "h264", "pixel_format": "yuv420p"},
+                          TIMELINE_FILE: {}, **{name: {"shape": shape} for name, shape in files.items()},
+                          **{f"{safe_name(m.name)}/{PREDICTIONS_FILE}": {} for m in models}},
+                "stability": stability}
+    write_atomic(out / MANIFEST_FILE, (json.dumps(manifest, indent=1) + "\n").encode())
+    return VideoResult(out, video, timeline, manifest)
