@@ -319,7 +319,7 @@ def test_the_api_page_lists_one_endpoint_per_computation_and_each_answers_from_a
                     "/pick_point", "/stats",
                     "/render_lens", "/render_lens_layer", "/render_residual", "/render_cka", "/compute_cka",
                     "/render_decide", "/patch_plan", "/patch", "/render_windows", "/render_biases", "/render_reach",
-                    "/render_reach_layer"}
+                    "/render_reach_layer", "/explain_video"}
     assert set(api) == computations, sorted(set(api) ^ computations)
     result = client.predict(handle_file(str(PHOTO)), *PAIR, api_name="/explain")
     label_a, label_b, map_a, map_b, words = result
@@ -485,7 +485,7 @@ def test_a_person_uploads_runs_moves_a_slider_clicks_a_point_and_sees_an_error(s
 
 TOP_TABS = {"Tokens": "#tokens-tabs", "Attention": "#attention-tabs", "Explain a class": "#classes-tabs",
             "Features": "#features-tabs", "Anatomy": "#anatomy-note", "Compare": "#compare-tabs",
-            "What decides": "#decide-tabs", "Download": "#download-build"}   # a part of each
+            "What decides": "#decide-tabs", "Video": "#video-run", "Download": "#download-build"}   # a part of each
 
 
 def open_tab(page, name: str) -> None:
@@ -557,3 +557,45 @@ def test_a_person_reads_the_token_panel_compares_dinov2_with_and_without_registe
         open_tab(page, name)
         page.locator(part).first.wait_for(state="visible", timeout=30_000)
     assert server.process.poll() is None
+
+
+def test_a_person_explains_a_video_plays_it_in_the_page_and_sends_a_frame_to_every_tab(server, browser):
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.goto(server.url)
+    page.locator("#explain").wait_for(timeout=30_000)   # the page is drawn: its tabs are there to count
+    open_tab(page, "Video")
+    page.locator("#video-input input[type=file]").set_input_files(str(ROOT / "assets" / "horse_pan_zoom.mp4"))
+    page.locator("#video-input video").first.wait_for(timeout=30_000)
+    page.locator("#video-run").click()
+    page.locator("#video-stability").get_by_text("steadier").first.wait_for(timeout=300_000)
+    page.locator("#video-result video").first.wait_for(timeout=30_000)
+    played = page.evaluate("""async () => {
+        const v = document.querySelector('#video-result video');
+        v.muted = true; await v.play(); await new Promise(r => setTimeout(r, 1000));
+        return {ready: v.readyState, time: v.currentTime, width: v.videoWidth, frames: v.duration};
+    }""")
+    assert played["ready"] >= 2 and played["time"] > 0 and played["width"] >= 2 * 320, played
+    page.locator("#video-timeline img").first.wait_for(timeout=30_000)
+    page.screenshot(path=str(SCREENSHOTS / "7-video.png"), full_page=True)
+    number = page.locator("#video-frame input[type=number]")
+    number.fill("20")
+    number.press("Enter")
+    page.locator("#video-send").click()   # frame 20 becomes the page's image, and Explain runs on it
+    page.locator("#comparison").get_by_text("rank correlation").first.wait_for(timeout=120_000)
+    assert page.locator("#input-image img").first.get_attribute("src").endswith("frame-0019.jpg")
+    assert server.process.poll() is None
+
+
+def test_explain_video_from_a_real_client_returns_a_playable_h264_file_a_timeline_and_the_stability(client):
+    import av
+    from gradio_client import handle_file
+    clip = handle_file(str(ROOT / "assets" / "horse_pan_zoom.mp4"))
+    video, timeline, words = client.predict(clip, *PAIR, ["rollout"], 8, api_name="/explain_video")
+    path = video["video"] if isinstance(video, dict) else video
+    path = path["path"] if isinstance(path, dict) else path
+    with av.open(path) as container:
+        stream = container.streams.video[0]
+        assert stream.codec_context.name == "h264" and stream.codec_context.pix_fmt == "yuv420p"
+        assert sum(1 for _ in container.decode(stream)) == 32
+    assert image_size(timeline)[0] >= 600 and "32 frames" in words and "steadier" in words

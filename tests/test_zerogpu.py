@@ -76,6 +76,8 @@ def flatten(answer) -> list:
                 picture = item["image"] if isinstance(item, dict) and "image" in item else item
                 values += flatten([picture["path"] if isinstance(picture, dict) else picture,
                                    item.get("caption") if isinstance(item, dict) else None])
+        elif isinstance(value, dict) and isinstance(value.get("video"), dict):   # a video: its file
+            values.append(value["video"]["path"])
         elif isinstance(value, dict) and "confidences" in value:
             values.append(json.dumps(value, sort_keys=True))
         elif isinstance(value, dict) and "value" in value:   # a component update (a slider's range)
@@ -96,6 +98,9 @@ def same(a, b) -> bool:
             if x.endswith(".zip"):
                 if not same_zips(x, y):
                     return False
+            elif x.endswith(".mp4"):
+                if not same_videos(x, y):
+                    return False
             elif pixels(x).shape != pixels(y).shape or np.abs(pixels(x) - pixels(y)).mean() > 0.5:
                 return False
         elif x != y:
@@ -115,6 +120,15 @@ def same_zips(a, b) -> bool:
     return True
 
 
+def same_videos(a, b) -> bool:
+    """Two videos of the same frames: as many, the same size, each within one grey level on average."""
+    import av
+    with av.open(a) as va, av.open(b) as vb:
+        frames = [[f.to_ndarray(format="rgb24").astype(int) for f in v.decode(video=0)] for v in (va, vb)]
+    return len(frames[0]) == len(frames[1]) and all(
+        x.shape == y.shape and np.abs(x - y).mean() <= 1.0 for x, y in zip(*frames))
+
+
 def every_call():
     """Every documented endpoint after an Explain, as a client calls it: (api name, arguments)."""
     from vitviz.explain import METHODS
@@ -131,6 +145,10 @@ def every_call():
               ("/render_cka", (*PAIR, "cls")), ("/compute_cka", (*PAIR, "mean", photos))]
     calls += [("/render_decide", ()), ("/patch_plan", (4,)), ("/patch", ("noise", None, 4)),
               ("/patch", ("upload", photos[1], 4))]
+    calls += [("/render_windows", (1, 2)), ("/render_biases", (1, 1)), ("/render_reach", ()),
+              ("/render_reach_layer", (2, 3))]
+    clip = handle_file(str(ROOT / "assets" / "horse_pan_zoom.mp4"))
+    calls += [("/explain_video", (clip, *PAIR, ["rollout", "chefer"], 4))]
     return calls
 
 

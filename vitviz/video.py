@@ -121,9 +121,14 @@ def probe(path: str | os.PathLike) -> VideoInfo:
 
 
 def _rotation_of(container, stream) -> int:
-    """The display rotation of the stream, from its first frame's display matrix (0 if it has none)."""
-    for frame in container.decode(stream):
-        return int(round(frame.rotation or 0)) % 360
+    """The display rotation of the stream, from its first frame's display matrix (0 if it has none, or no frame)."""
+    import av
+
+    try:
+        for frame in container.decode(stream):
+            return int(round(frame.rotation or 0)) % 360
+    except av.error.EOFError:   # a stream without a single frame: `read_frames` says so
+        pass
     return 0
 
 
@@ -179,6 +184,8 @@ def read_frames(path: str | os.PathLike, *, fps: float = DEFAULT_FPS, resize: in
                 next_time = (math.floor(t / step + 1e-6) + 1) * step
                 if max_frames is not None and count >= max_frames:
                     break
+    except av.error.EOFError:
+        pass   # the end, reached early: the frames so far are the video
     except (av.error.InvalidDataError, av.error.FFmpegError) as e:
         raise VideoError(f"The video is damaged or cut short: decoding stopped after {count} sampled frame(s) "
                          f"({_reason(e)}).") from None
