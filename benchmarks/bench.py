@@ -13,7 +13,11 @@ perturbation against Quantus's), explain (batch explain images/s with --formats 
 (direct logit attribution against a traced forward; activation patching against its floor of batched
 forwards and against forward hooks on timm); issue 23: compare (CKA of every layer pair against the
 traced forwards it needs, and against pytorch-cka's hook-based pass); issue 25: clip (CLIP image and
-text features against open_clip's, LeGrad-CLIP against legrad_torch's algorithm). Every time is
+text features against open_clip's, LeGrad-CLIP against legrad_torch's algorithm); issue 29: swin (Swin-T
+against timm: forwards, traced forward, rollout to stage 1 against a traced forward, the memory a trace keeps
+against its windowed attention); issue 30: cnn (ResNet-50 and ConvNeXt-T against timm, every block's
+receptive field against hooks and autograd on timm); issue 31: video (frames per second end to end against
+the same frames' batched traced forwards alone). Every time is
 min / median / max over `--repeats` rounds after warm-up; in each round the contenders run once each,
 in rotating order, so a slow spell of the machine hits all of them. Ratios are of medians. Contenders are checked to compute the same logits
 before they are timed. Checkpoints are random weights in the real Hub layouts (timm's `config.json`
@@ -54,11 +58,12 @@ from vitviz.preprocess import Transform  # noqa: E402
 from vitviz.session import ModelRun, decode_side  # noqa: E402
 
 ITEMS = ("forward", "cvt", "traced", "pipeline", "request", "rerender", "coldstart", "memory", "peak", "attribution",
-         "evaluate", "quantus", "explain", "decide", "compare", "clip")
+         "evaluate", "quantus", "explain", "decide", "compare", "clip", "swin", "cnn", "video")
 TARGETS = {"forward": 1.00, "cvt": 1.00, "traced": 1.30, "pipeline": 0.80, "request": 1.50, "rerender": 0.10,
            "coldstart": 1.50, "import": 1.15, "attribution": 1.00, "evaluate": 1.25, "quantus": 1.00,
            "decide": 1.30, "decide-floor": 1.10, "decide-hooks": 1.00, "compare": 1.20, "compare-cka": 1.00,
-           "clip": 1.00}
+           "clip": 1.00, "swin": 1.00, "swin-traced": 1.30, "swin-rollout": 0.20, "swin-memory": 2.00,
+           "cnn": 1.00, "cnn-traced": 1.20, "cnn-receptive": 1.10, "video": 1.25}
 EXPLAIN_IMAGES_S = 10   # batch explain with --formats npy, bundled pair, images per second (at least)
 VIT_SHAPES = ("vit_small_patch16_224", "vit_base_patch16_224")
 TINY_VIT = dict(depth=2, embed_dim=32, num_heads=2)                               # --quick
@@ -936,6 +941,179 @@ def compare_cka(bench: Bench, items: set[str]) -> None:
            f"{t['pytorch-cka']}, " + verdict("compare-cka", t["vitviz"].median / t["pytorch-cka"].median))
 
 
+# ---- issue 29: Swin ------------------------------------------------------------------------------------------
+
+def timm_family(bench: Bench, name: str, quick_args: dict):
+    """(timm model, vitviz LoadedModel) with the same random weights (BatchNorm statistics moved off their initial
+    values), through timm's Hub layout."""
+    import timm
+    from timm.models import save_for_hf
+
+    torch.manual_seed(0)
+    reference = timm.create_model(name, pretrained=False, **(quick_args if bench.quick else {})).eval()
+    with torch.no_grad():
+        for key, buffer in reference.named_buffers():
+            if key.endswith(("running_mean", "running_var")):
+                buffer.copy_(torch.rand_like(buffer) * 0.5 + (0.75 if key.endswith("var") else -0.25))
+    folder = bench.folder(name)
+    if not (folder / "model.safetensors").is_file():
+        save_for_hf(reference, str(folder), safe_serialization=True)
+    return reference.to(bench.device), vitviz.load(str(folder), device=bench.device)
+
+
+def trace_bytes(trace) -> tuple[int, int]:
+    """(bytes of every tensor a trace keeps, each storage once; bytes of its attention tensors)."""
+    seen, total = set(), 0
+
+    def count(t):
+        nonlocal total
+        if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in seen:
+            seen.add(t.untyped_storage().data_ptr())
+            total += t.untyped_storage().nbytes()
+    for block in trace.blocks:
+        for t in (block.attn, block.tokens, block.inputs, block.normed):
+            count(t)
+    for t in (trace.logits, trace.pooled, trace.final_tokens, *trace.features):
+        count(t)
+    attention = sum(b.attn.numel() * b.attn.element_size() for b in trace.blocks if b.attn is not None)
+    return total, attention
+
+
+def swin(bench: Bench, items: set[str]) -> None:
+    """Swin-T (random weights, timm's layout) against timm: the forward at b1 and b8, the traced forward against
+    timm's plain one, rollout to the stage-1 grid against a traced forward (never a dense product), and the memory
+    the trace keeps against the sum of its windowed attention tensors."""
+    from vitviz import explain
+
+    quick = dict(embed_dim=16, depths=(2, 2, 2, 2), num_heads=(1, 1, 2, 2))
+    reference, loaded = timm_family(bench, "swin_tiny_patch4_window7_224", quick)
+    for batch in bench.batches:
+        pixels = torch.randn(batch, 3, 224, 224, device=bench.device)
+        with torch.inference_mode():
+            same_logits(loaded.model(pixels), reference(pixels), "Swin-T")
+            with bench.amp():
+                t = bench.time({"vitviz": lambda: loaded.model(pixels), "traced": lambda: loaded.model.trace(pixels),
+                                "timm": lambda: reference(pixels)})
+        report(f"swin forward b{batch} Swin-T: vitviz {t['vitviz']}, timm {t['timm']}, "
+               + verdict("swin", t["vitviz"].median / t["timm"].median))
+        report(f"swin traced b{batch} Swin-T: vitviz trace {t['traced']}, timm plain {t['timm']}, "
+               + verdict("swin-traced", t["traced"].median / t["timm"].median))
+    pixels = torch.randn(1, 3, 224, 224, device=bench.device)
+    with torch.inference_mode():
+        trace = loaded.model.trace(pixels)
+        t = bench.time({"rollout": lambda: explain.attention_rollout(trace, to_stage=0),
+                        "traced": lambda: loaded.model.trace(pixels)})
+    report(f"swin rollout to stage 1 b1 Swin-T: {t['rollout']}, traced forward {t['traced']}, "
+           + verdict("swin-rollout", t["rollout"].median / t["traced"].median))
+    kept, attention = trace_bytes(trace)
+    dense = sum(4 * b.tokens.shape[1] ** 2 * b.heads for b in trace.blocks)
+    report(f"swin trace memory b1 Swin-T 224 px: {kept / 2**20:.1f} MiB kept, windowed attention {attention / 2**20:.1f} "
+           f"MiB (dense token x token matrices would be {dense / 2**20:.0f} MiB), " + verdict("swin-memory", kept / attention))
+
+
+# ---- issue 30: the CNN baseline -------------------------------------------------------------------------------
+
+def hooked_receptive_fields(reference, blocks, pixels, tokens) -> list[torch.Tensor]:
+    """Every block's receptive field as one writes it on timm: forward hooks keep each block's output, then per
+    block `torch.autograd.grad` of its centre token's channel sum with respect to the pixels."""
+    outputs = []
+    handles = [b.register_forward_hook(lambda m, args, out: outputs.append(out)) for b in blocks]
+    x = pixels.detach().clone().requires_grad_(True)
+    try:
+        reference(x)
+    finally:
+        for h in handles:
+            h.remove()
+    maps = []
+    for k, (out, (i, j)) in enumerate(zip(outputs, tokens)):
+        (grad,) = torch.autograd.grad(out[:, :, i, j].sum(), x, retain_graph=k < len(outputs) - 1)
+        maps.append(grad.abs().sum(dim=1).mean(dim=0))
+    return maps
+
+
+def cnn(bench: Bench, items: set[str]) -> None:
+    """ResNet-50 and ConvNeXt-T (random weights, BatchNorm statistics moved; timm's layout) against timm: the
+    forward at b1 and b8 and the traced forward; and every block's receptive field of one image against the same
+    gradients taken with hooks and autograd on timm's model."""
+    from vitviz import explain
+
+    cases = {"resnet50": dict(layers=(1, 1, 1, 1)), "convnext_tiny": dict(depths=(1, 1, 1, 1), dims=(16, 24, 32, 40))}
+    for name, quick in cases.items():
+        reference, loaded = timm_family(bench, name, quick)
+        for batch in bench.batches:
+            pixels = torch.randn(batch, 3, 224, 224, device=bench.device)
+            with torch.inference_mode():
+                same_logits(loaded.model(pixels), reference(pixels), name)
+                with bench.amp():
+                    t = bench.time({"vitviz": lambda: loaded.model(pixels),
+                                    "traced": lambda: loaded.model.trace(pixels), "timm": lambda: reference(pixels)})
+            report(f"cnn forward b{batch} {name}: vitviz {t['vitviz']}, timm {t['timm']}, "
+                   + verdict("cnn", t["vitviz"].median / t["timm"].median))
+            report(f"cnn traced b{batch} {name}: vitviz trace {t['traced']}, timm plain {t['timm']}, "
+                   + verdict("cnn-traced", t["traced"].median / t["timm"].median))
+        size = 64 if bench.quick else 224
+        pixels = torch.randn(1, 3, size, size, device=bench.device)
+        found = explain.receptive_field(loaded.model, pixels)
+        trace = loaded.model.trace(pixels)
+        tokens = []
+        for i in found.blocks:
+            index = explain.receptive.centre_token(trace, i)[0]
+            tokens.append(divmod(index, trace.blocks[i].query_grid[1]))
+        blocks = ([b for stage in (reference.layer1, reference.layer2, reference.layer3, reference.layer4)
+                   for b in stage] if name == "resnet50" else [b for stage in reference.stages for b in stage.blocks])
+        theirs = hooked_receptive_fields(reference, blocks, pixels, tokens)
+        if not torch.allclose(torch.stack(theirs), found.maps, rtol=0, atol=1e-4 * float(found.maps.max())):
+            raise SystemExit(f"cnn: {name}'s receptive fields differ from timm's: not timed")
+        t = bench.time({"vitviz": lambda: explain.receptive_field(loaded.model, pixels),
+                        "hooks": lambda: hooked_receptive_fields(reference, blocks, pixels, tokens)})
+        report(f"cnn receptive fields {len(found.blocks)} blocks b1 {name}: vitviz {t['vitviz']}, timm hooks + "
+               f"autograd.grad {t['hooks']}, " + verdict("cnn-receptive", t["vitviz"].median / t["hooks"].median))
+
+
+# ---- issue 31: video --------------------------------------------------------------------------------------------
+
+def video(bench: Bench, items: set[str]) -> None:
+    """`vitviz.video.explain_video` (decode, both models, rollout, drawing, H.264 encoding) on a 640x480 clip of
+    the example photo panning, against the same frames' batched traced forwards alone (the frames decoded once,
+    beforehand): frames per second of each, and their ratio (time end to end / time of the forwards)."""
+    import av
+
+    from vitviz import video as clips
+
+    count = 8 if bench.quick else 48
+    path = bench.tmp / "pan.mp4"
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("libx264", rate=24)
+        stream.width, stream.height, stream.pix_fmt = 640, 480, "yuv420p"
+        photo = Image.open(PHOTO).convert("RGB").resize((960, 480))
+        for k in range(count * 3):   # sampled at 8 of its 24 frames a second
+            frame = np.asarray(photo.crop((k * 4, 0, k * 4 + 640, 480)))
+            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    pairs = {"bundled pair": bench.bundled_pair[:2], "ImageNet pair": bench.imagenet_pair}
+    for what, names in pairs.items():
+        models = [vitviz.load(n, device=bench.device) for n in names]
+        frames = [f.image for f in clips.read_frames(path, fps=8, resize=max(
+            m.transform.resize if isinstance(m.transform.resize, int) else max(m.transform.resize) for m in models))]
+        pixels = [[torch.cat([m.transform(f) for f in frames[i:i + 8]]).to(bench.device) for i in range(0, len(frames), 8)]
+                  for m in models]
+
+        def forwards():
+            with torch.inference_mode():
+                for m, batches in zip(models, pixels):
+                    for p in batches:
+                        m.model.trace(p)
+        t = bench.time({"video": lambda: clips.explain_video(path, models, methods=["rollout"],
+                                                              out=bench.folder(f"video-{what}"), fps=8),
+                        "forwards": forwards})
+        rate, floor = len(frames) / t["video"].median, len(frames) / t["forwards"].median
+        report(f"video {len(frames)} frames 640x480, {what}: end to end {rate:.1f} frames/s ({t['video']}), the batched "
+               f"traced forwards alone {floor:.1f} frames/s ({t['forwards']}), "
+               + verdict("video", t["video"].median / t["forwards"].median))
+
+
 # ---- main ---------------------------------------------------------------------------------------------------
 
 def main(argv=None) -> None:
@@ -974,7 +1152,8 @@ def main(argv=None) -> None:
         steps = [({"forward", "traced"}, vit_forward), ({"cvt"}, cvt_forward), ({"pipeline"}, pipeline),
                  ({"request", "rerender"}, request), ({"coldstart", "memory"}, launched_app), ({"peak"}, peak),
                  ({"attribution"}, attribution), ({"evaluate"}, evaluate_floor), ({"quantus"}, quantus_region),
-                 ({"explain"}, batch_explain), ({"decide"}, decide), ({"compare"}, compare_cka), ({"clip"}, clip)]
+                 ({"explain"}, batch_explain), ({"decide"}, decide), ({"compare"}, compare_cka), ({"clip"}, clip),
+                 ({"swin"}, swin), ({"cnn"}, cnn), ({"video"}, video)]
         for wanted, step in steps:
             if wanted & items:
                 step(bench, items)

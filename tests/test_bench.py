@@ -57,6 +57,20 @@ EXPECTED = {   # line start -> the rest of it; one line each
     "clip text features 8 prompts ViT-B-16-quickgelu": rf": vitviz {TIMES}, open_clip encode_text {TIMES}, {RATIO}$",
     "clip legrad 1 image x 3 prompts ViT-B-16-quickgelu": rf": vitviz {TIMES}, legrad_torch's algorithm {TIMES}, "
                                                           rf"{RATIO}$",
+    **{f"swin forward b{b} Swin-T": rf": vitviz {TIMES}, timm {TIMES}, {RATIO}$" for b in (1, 8)},
+    **{f"swin traced b{b} Swin-T": rf": vitviz trace {TIMES}, timm plain {TIMES}, {RATIO}$" for b in (1, 8)},
+    "swin rollout to stage 1 b1 Swin-T": rf": {TIMES}, traced forward {TIMES}, {RATIO}$",
+    "swin trace memory b1 Swin-T 224 px": rf": [\d.]+ MiB kept, windowed attention [\d.]+ MiB \(dense token x token "
+                                          rf"matrices would be \d+ MiB\), {RATIO}$",
+    **{f"cnn forward b{b} {name}": rf": vitviz {TIMES}, timm {TIMES}, {RATIO}$"
+       for name in ("resnet50", "convnext_tiny") for b in (1, 8)},
+    **{f"cnn traced b{b} {name}": rf": vitviz trace {TIMES}, timm plain {TIMES}, {RATIO}$"
+       for name in ("resnet50", "convnext_tiny") for b in (1, 8)},
+    **{f"cnn receptive fields 4 blocks b1 {name}": rf": vitviz {TIMES}, timm hooks \+ autograd.grad {TIMES}, {RATIO}$"
+       for name in ("resnet50", "convnext_tiny")},
+    **{f"video 8 frames 640x480, {pair}": rf": end to end [\d.]+ frames/s \({TIMES}\), the batched traced forwards "
+                                         rf"alone [\d.]+ frames/s \({TIMES}\), {RATIO}$"
+       for pair in ("bundled pair", "ImageNet pair")},
 }
 
 

@@ -53,9 +53,12 @@ def write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+PNG_LEVEL = 1   # zlib's fastest: a quarter of the default level's time for files about 12 % larger (the same pixels)
+
+
 def png_bytes(image: np.ndarray) -> bytes:
     buffer = io.BytesIO()
-    Image.fromarray(image).save(buffer, format="PNG", optimize=False)
+    Image.fromarray(image).save(buffer, format="PNG", compress_level=PNG_LEVEL)
     return buffer.getvalue()
 
 

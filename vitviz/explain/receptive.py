@@ -61,20 +61,24 @@ def centre_token(trace: Trace, index: int) -> tuple[int, Tensor]:
 
 
 def radius(maps: Tensor, centres: Tensor, share: float) -> Tensor:
-    """blocks H W maps, blocks 2 centres (y, x) -> blocks: the distance whose disc holds `share` of each map's mass."""
+    """blocks H W maps, blocks 2 centres (y, x) -> blocks: the distance whose disc holds `share` of each map's mass
+    (the pixels' order by distance is computed once per centre: a stage's blocks share theirs)."""
     _, h, w = maps.shape
     ys, xs = torch.meshgrid(torch.arange(h, dtype=torch.float64) + 0.5, torch.arange(w, dtype=torch.float64) + 0.5,
                             indexing="ij")
+    orders: dict[tuple[float, float], tuple[Tensor, Tensor]] = {}
     out = []
-    for values, (cy, cx) in zip(maps.double().cpu(), centres.double().cpu()):
-        distance = ((ys - cy) ** 2 + (xs - cx) ** 2).sqrt().flatten()
-        order = distance.argsort(stable=True)
+    for values, centre in zip(maps.double().cpu(), centres.double().cpu()):
+        key = tuple(centre.tolist())
+        if key not in orders:
+            distance = ((ys - key[0]) ** 2 + (xs - key[1]) ** 2).sqrt().flatten()
+            order = distance.argsort(stable=True)
+            orders[key] = (distance[order], order)
+        distance, order = orders[key]
         running = values.flatten()[order].cumsum(0)
         total = running[-1]
-        if total <= 0:
-            out.append(0.0)
-            continue
-        out.append(float(distance[order][int((running < share * total).sum().clamp(max=len(order) - 1))]))
+        out.append(0.0 if total <= 0 else
+                   float(distance[int((running < share * total).sum().clamp(max=len(order) - 1))]))
     return torch.tensor(out)
 
 

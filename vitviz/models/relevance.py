@@ -305,6 +305,13 @@ def conv_bn(x: Tensor, conv: nn.Conv2d, bn: nn.BatchNorm2d, *, first: bool = Fal
     return (_Flat if rule == "flat" else _ZPlus).apply(x, weight, bias, apply_weights, transpose)
 
 
+def relu(x: Tensor) -> Tensor:
+    """F.relu, in place where no relevance rule keeps the tensor it would overwrite (a ResNet's activations: in
+    place, as torchvision's and timm's, saves an allocation per activation); under relevance rules the rules
+    keep the convolutions' outputs, so a copy."""
+    return F.relu(x, inplace=_ACTIVE.get() is None)
+
+
 def norm_sum(a: Tensor, b: Tensor) -> Tensor:
     """a + b (a residual addition); under a convolutional composite's rules, zennit's Norm rule for it."""
     rules = _ACTIVE.get()

@@ -19,11 +19,10 @@ import re
 from dataclasses import asdict, dataclass
 
 import torch
-import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from .relevance import GammaLinear, RelevanceRules, conv_bn, norm_mean, norm_sum
+from .relevance import GammaLinear, RelevanceRules, conv_bn, norm_mean, norm_sum, relu
 from .trace import BlockTrace, Embedding, Trace, Window
 
 BLOCKS = ("basic", "bottleneck")
@@ -92,11 +91,11 @@ class BasicBlock(nn.Module):
             if stride != 1 or in_chans != width else None
 
     def residual(self, x: Tensor) -> Tensor:
-        return conv_bn(F.relu(conv_bn(x, self.conv1, self.bn1)), self.conv2, self.bn2)
+        return conv_bn(relu(conv_bn(x, self.conv1, self.bn1)), self.conv2, self.bn2)
 
     def forward(self, x: Tensor) -> Tensor:
         shortcut = x if self.downsample is None else conv_bn(x, *self.downsample)
-        return F.relu(norm_sum(self.residual(x), shortcut))
+        return relu(norm_sum(self.residual(x), shortcut))
 
 
 class Bottleneck(nn.Module):
@@ -110,13 +109,13 @@ class Bottleneck(nn.Module):
             if stride != 1 or in_chans != out else None
 
     def residual(self, x: Tensor) -> Tensor:
-        x = F.relu(conv_bn(x, self.conv1, self.bn1))
-        x = F.relu(conv_bn(x, self.conv2, self.bn2))
+        x = relu(conv_bn(x, self.conv1, self.bn1))
+        x = relu(conv_bn(x, self.conv2, self.bn2))
         return conv_bn(x, self.conv3, self.bn3)
 
     def forward(self, x: Tensor) -> Tensor:
         shortcut = x if self.downsample is None else conv_bn(x, *self.downsample)
-        return F.relu(norm_sum(self.residual(x), shortcut))
+        return relu(norm_sum(self.residual(x), shortcut))
 
 
 class ResNet(nn.Module):
@@ -152,7 +151,7 @@ class ResNet(nn.Module):
         return [getattr(self, f"layer{i + 1}") for i in range(len(self.config.layers))]
 
     def stem(self, pixels: Tensor) -> Tensor:
-        return self.maxpool(F.relu(conv_bn(pixels, self.conv1, self.bn1, first=True)))
+        return self.maxpool(relu(conv_bn(pixels, self.conv1, self.bn1, first=True)))
 
     def embeddings(self, input_size: tuple[int, int]) -> list[Embedding]:
         """The stem, then each stage's stride-2 first block (its 3x3 convolution's window), for `input_size`."""

@@ -128,7 +128,7 @@ class WindowAttention(nn.Module):
         """h t t: each head's bias on the logits of a window of side `window`."""
         table = self.relative_position_bias_table
         index = relative_position_index(window, self.window).to(table.device)
-        return rearrange(table[index], 'q k h -> h q k')
+        return rearrange(table[index], 'q k h -> h q k').contiguous()   # added to every window: contiguous is faster
 
     def forward(self, x: Tensor, window: int, masked: Tensor | None,
                 return_attn: bool = False) -> tuple[Tensor, Tensor | None]:

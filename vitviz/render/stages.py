@@ -71,10 +71,10 @@ def stage_pca(canvas: Canvas, features, *, stage: int, mode: str = "bilinear") -
     """The stage's first three principal components as the red, green and blue of the image region
     the model saw (tokens with similar features get similar colours)."""
     field = canvas.fields[stage]
-    rgb = canvas.sample(feature_pca(features), field, mode=mode)
+    seen = canvas.seen_slices(field)   # a rectangle: sampled and written by slices, not through a mask
+    rgb = canvas.sample(feature_pca(features), field, mode=mode, at=seen)
     out = canvas.shaded(field).copy()
-    seen = canvas.seen(field)
-    out[seen] = np.round(rgb[seen] * 255).astype(np.uint8)
+    out[seen] = np.round(rgb * 255).astype(np.uint8)
     return out
 
 
