@@ -20,6 +20,7 @@ except ImportError:
     pass
 
 from vitviz import catalog, hub  # noqa: E402
+from vitviz.export import drawing_threads  # noqa: E402
 from vitviz.image import MAX_UPLOAD_BYTES  # noqa: E402
 from vitviz.video import APP_MAX_BYTES as MAX_VIDEO_BYTES  # noqa: E402
 from vitviz.session import MODEL_GATE  # noqa: E402
@@ -60,6 +61,7 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     gpu.LOCAL_ALLOWED.update(name for name in (args.vit, args.cvt) if name)
     serving.fewer_malloc_arenas()
+    drawing_threads()   # for the process: requests draw on threads of their own
     vit, cvt, notice = default_pair(args.vit, args.cvt)
     load_at_start((vit, cvt))
     demo = build(vit, cvt, notice)

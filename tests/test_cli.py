@@ -117,6 +117,35 @@ def test_app_zip_and_cli_folder_hold_the_same_files_for_the_same_image(tmp_path)
     assert set(zip_manifest) == set(json.loads((tmp_path / "cli" / MANIFEST).read_text()))
 
 
+def test_every_exported_png_is_the_picture_the_app_draws_for_the_same_request(tmp_path):
+    """Pixels, not bytes: the map is the first screen's, the stage views the Features tab's; a grid is the Tokens
+    tab's picture with the words the page prints beside it written on it (inside one box) and the caption under it."""
+    from vitviz.ui import features, page, tokens
+    photo = ROOT / "assets" / "horse.jpg"
+    assert cli.main(["explain", str(photo), "--models", *MODELS, "--out", str(tmp_path), "--faithfulness-steps", "0"]) == 0
+    answer = page.explain({"path": str(photo)}, *MODELS, progress=lambda *a, **k: None)
+    grids = tokens.render_tokens(answer.key)
+    entry = json.loads((tmp_path / MANIFEST).read_text())["images"][0]
+    for model, first_screen, stage_views, grid_pictures in zip(entry["models"], (answer.map_a, answer.map_b),
+                                                              features.render_stages(answer.key),
+                                                              (grids.grid_a, grids.grid_b)):
+        folder = tmp_path / "horse" / safe_name(model["model"])
+        png = lambda name: np.asarray(Image.open(folder / name))
+        drawn = {"rollout.png": first_screen}
+        for k in range(len(grid_pictures)):
+            drawn[f"stage-{k + 1}-pca.png"], drawn[f"stage-{k + 1}-norm.png"] = stage_views[2 * k], stage_views[2 * k + 1]
+        assert {p.name for p in folder.glob("*.png")} == set(drawn) | {f"grid-{k + 1}.png" for k in range(len(grid_pictures))}
+        for name, view in drawn.items():
+            assert np.array_equal(png(name), view), f"{model['model']} {name}"
+        for k, picture in enumerate(grid_pictures):
+            exported = png(f"grid-{k + 1}.png")
+            assert exported.shape[1:] == picture.shape[1:] and exported.shape[0] > picture.shape[0]   # + the caption
+            rows, cols = np.nonzero((exported[:picture.shape[0]] != picture).any(axis=2))
+            if len(rows):   # the words, in one box of at most a fifth of the picture
+                box = (rows.max() - rows.min() + 1) * (cols.max() - cols.min() + 1)
+                assert box <= picture.shape[0] * picture.shape[1] / 5, f"{model['model']} grid {k + 1}"
+
+
 def test_models_command_lists_the_catalog_and_marks_the_bundled_models():
     result = subprocess.run([sys.executable, "-m", "vitviz", "models"], capture_output=True, text=True, cwd=ROOT,
                             env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}, timeout=120)

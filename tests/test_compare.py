@@ -85,12 +85,15 @@ def test_debiased_cka_of_independent_wide_features_is_near_zero_where_biased_is_
     assert abs(cmp.cka(x, y)) < 0.1
 
 
-def test_float32_uncentred_features_would_lose_precision_the_float64_centred_gram_keeps():
+def test_float32_gram_matrices_of_centred_features_keep_what_uncentred_ones_lose():
     rng = np.random.default_rng(1)
     x = (rng.standard_normal((64, 500)) + 40).astype(np.float32)   # a large common offset, as token features have
     y = (x[:, :300] + rng.standard_normal((64, 300)) + 40).astype(np.float32)
     reference = cmp.cka(x.astype(np.float64), y.astype(np.float64))
-    assert abs(cmp.cka(x, y) - reference) < 1e-9
+    assert abs(cmp.cka(x, y) - reference) < 1e-7
+    k, l = ((torch.tensor(a) @ torch.tensor(a).T).double() for a in (x, y))   # float32 products, uncentred
+    uncentred = float(cmp.hsic(k, l) / (cmp.hsic(k, k) * cmp.hsic(l, l)).sqrt())
+    assert abs(uncentred - reference) > 100 * abs(cmp.cka(x, y) - reference)
 
 
 def test_one_batch_of_minibatch_cka_is_debiased_cka_and_more_are_summed_hsic_not_mean_cka():

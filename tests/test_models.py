@@ -353,6 +353,28 @@ def test_trace_with_grad_gives_nonzero_logit_gradients_wrt_every_attention(model
         assert grad[1:].abs().max() == 0, f"block {i}: another image's attention moved this image's logit"
 
 
+def assert_a_slice_of_blocks_keeps_attention_and_graph_only_there(model: nn.Module, pixels: Tensor, start: int):
+    """trace(attention=slice(start, None), grad=True): the same logits and the same gradients of the kept attention
+    maps as a full grad trace; no maps, no graph and no pixel gradient before them (LeGrad's trace)."""
+    full, lean = model.trace(pixels, grad=True), model.trace(pixels, grad=True, attention=slice(start, None))
+    kept = range(len(full.blocks))[start:]
+    assert [b.attn is not None for b in lean.blocks] == [i in kept for i in range(len(full.blocks))]
+    assert not any(b.tokens.requires_grad for b in lean.blocks[:kept.start]) and lean.pixels is None
+    assert_max_abs(lean.logits, full.logits, 1e-5, "logits")
+    score = lambda trace: trace.logits[:, 0].sum()
+    ours = torch.autograd.grad(score(lean), [lean.blocks[i].attn for i in kept])
+    theirs = torch.autograd.grad(score(full), [full.blocks[i].attn for i in kept])
+    for i, a, b in zip(kept, ours, theirs):
+        assert b.abs().max() > 0
+        assert_max_abs(a, b, 1e-5 * float(b.abs().max()), f"block {i}'s attention gradient")
+
+
+@pytest.mark.parametrize("model", ["vit", "cvt"])
+def test_a_trace_of_the_last_blocks_keeps_their_attention_and_graph_only(model):
+    run = vit_run("vit_small_patch14_reg4_dinov2_126") if model == "vit" else cvt_run("cvt13_150x262_stage3_depth3")
+    assert_a_slice_of_blocks_keeps_attention_and_graph_only_there(run.ours, run.pixels, -2)
+
+
 @pytest.mark.parametrize("model", ["vit", "cvt"])
 def test_trace_keeps_no_graph_by_default(model):
     run = vit_run("vit_tiny_patch16_224") if model == "vit" else cvt_run("cvt13_150x262_stage3_depth3")

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from test_attribution import GradCAMOnTheGrid
 from test_explain import spearman
-from test_models import assert_max_abs, outputs_of, perturb_
+from test_models import assert_a_slice_of_blocks_keeps_attention_and_graph_only_there, assert_max_abs, outputs_of, perturb_
 from vitviz import explain
 from vitviz.models import Swin, SwinConfig, load_weights
 from vitviz.models.swin import convert_transformers_state_dict
@@ -62,6 +62,12 @@ def small_pair(seed: int = 0) -> tuple[nn.Module, Swin]:
 
 
 # ---------------------------------------------------------------- the model
+
+def test_a_trace_of_the_last_blocks_keeps_their_attention_and_graph_only():
+    _, ours = small_pair()
+    assert_a_slice_of_blocks_keeps_attention_and_graph_only_there(ours, torch.randn(2, 3, 112, 112), -3)   # stage 2's
+    # second block onwards: its downsampling and first block run without a graph
+
 
 def test_swin_tiny_logits_and_trace_match_timm_with_perturbed_weights():
     reference = timm_swin(std=STD)

@@ -22,7 +22,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from . import catalog, explain, hub, render
-from .export import FORMATS, MANIFEST, export_image, manifest, png_bytes, safe_name, write_atomic, write_manifest
+from .export import (FORMATS, MANIFEST, drawing_threads, export_image, manifest, png_bytes, safe_name, write_atomic,
+                     write_manifest)
 from .data import IMAGE_SUFFIXES, DataError
 from .distributed import ranks as process_ranks
 from .image import ImageError, read_image
@@ -140,8 +141,19 @@ def cmd_explain(args) -> int:
         target = decode_side(models)
         bar = tqdm(total=sum(map(len, todo)), unit="image", desc="explain", file=sys.stderr, disable=not ranks.leader)
         start = time.time()
-        # drawing and encoding release the GIL for most of their time: one image (all its models) per thread
-        with ThreadPoolExecutor(max_workers=os.cpu_count()) as pool:
+        pending = []   # the previous batch's exports: collected once the next batch's forwards are done
+
+        def collect(exports) -> None:
+            for export in exports:
+                entries.append(export.result())
+                bar.update(1)
+                bar.set_postfix(img_s=f"{bar.n / (time.time() - start):.2f}")
+            if exports:
+                save_manifest(own_manifest, entries, skipped)
+
+        # drawing and encoding release the GIL for most of their time: one image (all its models) per thread, and
+        # numpy's BLAS on one thread inside them (`export.drawing_threads`)
+        with ThreadPoolExecutor(max_workers=os.cpu_count()) as pool, drawing_threads():
             for chunk in todo:
                 batch = []
                 for path, image_id in chunk:
@@ -158,15 +170,12 @@ def cmd_explain(args) -> int:
                     classified = [run for run in runs if run.has_classifier]
                     for method in methods if args.faithfulness_steps and classified else ():
                         faithfulness_curves(classified, method, steps=args.faithfulness_steps)
-                exports = [pool.submit(export_image, out, image_id, path, image, [runs[k] for runs in runs_per_model],
+                collect(pending)
+                pending = [pool.submit(export_image, out, image_id, path, image, [runs[k] for runs in runs_per_model],
                                        methods, formats=formats, faithfulness_steps=args.faithfulness_steps,
                                        params=params, decide=args.decide)
                            for k, (path, image_id, image) in enumerate(batch)]
-                for export in exports:
-                    entries.append(export.result())
-                    bar.update(1)
-                    bar.set_postfix(img_s=f"{bar.n / (time.time() - start):.2f}")
-                save_manifest(own_manifest, entries, skipped)
+            collect(pending)
         bar.close()
         save_manifest(own_manifest, entries, skipped)
         gathered = ranks.gather(json.dumps({"images": entries, "skipped": skipped}))

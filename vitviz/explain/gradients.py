@@ -30,7 +30,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from ..models.trace import BlockTrace, Trace
+from ..models.trace import BlockTrace, KeptAttention, Trace
 from .cvt import keys_to_queries
 from .rollout import blocks_in_range, class_column, discard_lowest, needs_attention, propagate, rollout_step
 from .windows import attend
@@ -112,11 +112,11 @@ def chefer_relevance_from_trace(trace: Trace, target: Target = None, *, start_la
                      start_layer=start_layer, to_stage=to_stage)
 
 
-def _grad_trace(model: nn.Module, pixels: Tensor) -> Trace:
+def _grad_trace(model: nn.Module, pixels: Tensor, attention: KeptAttention = True) -> Trace:
     if model.training:
         raise ValueError("call model.eval() first: in training mode BatchNorm mixes the images of a batch "
                          "and the trace would update its running statistics")
-    return model.trace(pixels, grad=True)
+    return model.trace(pixels, grad=True, attention=attention)
 
 
 def gradient_rollout(model: nn.Module, pixels: Tensor, target: Target = None, *, discard_ratio: float = 0.0,

@@ -44,7 +44,9 @@ model here. Only the last stage's blocks have the classifier's width, so only th
 gradient is kept per window; the mean over queries counts every query of the block, a query that did
 not see a key adding 0 to it, which is the dense matrix's column mean (`windows.key_means`).
 
-Cost. One traced forward keeps the graph; then, per layer, `torch.autograd.grad(s_l, A_l)` runs
+Cost. One traced forward keeps the attention maps and the graph of the blocks from `start_layer` on
+(`trace(attention=slice(start_layer, None))`: the blocks before run as a plain forward, fused attention
+and no graph, which is what legrad_torch's frozen early blocks buy it); then, per layer, `torch.autograd.grad(s_l, A_l)` runs
 only the backward tail from that layer's score to its attention (the classifier, the block's MLP,
 output projection and attention-times-values): autograd executes only the nodes on a path to the
 requested tensor and prunes everything else, and no weight gradient is formed. The tails of all
@@ -106,4 +108,5 @@ def legrad_from_trace(trace: Trace, classifier: Classifier, target: Target = Non
 def legrad(model: nn.Module, pixels: Tensor, target: Target = None, *, start_layer: int = 0) -> Tensor:
     """LeGrad for `target` (default: each image's top class) over the blocks from `start_layer` on:
     b gh gw on the model's last token grid, min-max normalised per image."""
-    return legrad_from_trace(_grad_trace(model, pixels), model.pooled_logits, target, start_layer=start_layer)
+    trace = _grad_trace(model, pixels, attention=slice(start_layer, None))   # the attention and graph it reads
+    return legrad_from_trace(trace, model.pooled_logits, target, start_layer=start_layer)

@@ -22,7 +22,7 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from .relevance import GELU, GammaConv2d, GammaLinear, LayerNorm
-from .trace import BlockTrace, Embedding, Trace, Window
+from .trace import BlockTrace, Embedding, KeptAttention, Trace, Window
 
 LN_EPS = 1e-6
 
@@ -175,7 +175,8 @@ class ConvNeXt(nn.Module):
             first += len(stage.blocks)
         return self.head(x.mean(dim=(2, 3)))
 
-    def trace(self, pixels: Tensor, *, grad: bool = False, decompose: bool = False, attention: bool = True) -> Trace:
+    def trace(self, pixels: Tensor, *, grad: bool = False, decompose: bool = False,
+              attention: KeptAttention = True) -> Trace:
         """One forward pass that returns every block's output on its grid and each stage's feature map.
         `attention` and `decompose` are accepted for the methods' sake: a block's whole update is its one part."""
         blocks, features = [], []

@@ -17,7 +17,7 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from .relevance import GELU, GammaConv2d, GammaLinear, LayerNorm, QuickGELU, attention_inputs
-from .trace import AttentionParts, BlockTrace, Embedding, Trace, Window
+from .trace import AttentionParts, BlockTrace, Embedding, KeptAttention, Trace, Window, graph_start, kept_blocks
 
 LN_EPS = 1e-5   # every CvT LayerNorm; transformers never reads config.layer_norm_eps
 
@@ -202,19 +202,23 @@ class Stage(nn.Module):
         self.blocks = nn.ModuleList([Block(stage=s, act=act) for _ in range(s.depth)])
 
     def forward(self, fmap: Tensor, trace: list[BlockTrace] | None = None, index: int = 0, keep_normed: bool = False,
-                decompose: bool = False, keep_attn: bool = True):
+                decompose: bool = False, kept: range = range(0), graph_from: int = 0):
         """b c h w -> (b c' h' w' feature map, b 1 c' class token or None); appends to `trace` if given
-        (with each block's first-norm output if `keep_normed`, how its heads write if `decompose`, its attention
-        map unless not `keep_attn`)."""
-        x = self.patch_embed(fmap)
-        grid = (x.shape[2], x.shape[3])
-        x = rearrange(x, 'b c h w -> b (h w) c')
-        prefix = 0
-        if self.cls_token is not None:
-            x, prefix = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1), 1
-        for block in self.blocks:
+        (with each block's first-norm output if `keep_normed`, how its heads write if `decompose`, the attention
+        maps of the blocks in `kept`, indices of the whole trace, and where grad is enabled the graph from its
+        block `graph_from` on)."""
+        first, grad = 0 if trace is None else len(trace), torch.is_grad_enabled()
+        with torch.set_grad_enabled(grad and first >= graph_from):
+            x = self.patch_embed(fmap)
+            grid = (x.shape[2], x.shape[3])
+            x = rearrange(x, 'b c h w -> b (h w) c')
+            prefix = 0
+            if self.cls_token is not None:
+                x, prefix = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1), 1
+        for i, block in enumerate(self.blocks, start=first):
             inputs = x
-            x, attn, key_grid, normed = block(x, grid, prefix, return_attn=trace is not None and keep_attn)
+            with torch.set_grad_enabled(grad and i >= graph_from):
+                x, attn, key_grid, normed = block(x, grid, prefix, return_attn=i in kept)
             if trace is not None:
                 trace.append(BlockTrace(attn=attn, tokens=x, stage=index, query_grid=grid, key_grid=key_grid,
                                         key_window=block.attn.kv_window, prefix_kinds=("cls",) * prefix,
@@ -286,25 +290,31 @@ class CvT(nn.Module):
             x, cls = later(x)
         return self.head(self.norm(cls[:, 0]))
 
-    def trace(self, pixels: Tensor, *, grad: bool = False, decompose: bool = False, attention: bool = True) -> Trace:
+    def trace(self, pixels: Tensor, *, grad: bool = False, decompose: bool = False,
+              attention: KeptAttention = True) -> Trace:
         """One forward pass that returns every attention map, block output and stage feature map.
 
         With grad=True the graph is kept, so `torch.autograd.grad(logit, trace.attentions)` works.
         decompose=True: each block also keeps how its heads write (`BlockTrace.parts`). attention=False: no
         attention maps (`attn` None) and the fused attention kernel, for work that reads only the tokens (CKA).
+        attention=slice(...): the maps of those blocks only (indices of `trace.blocks`), and with grad=True the
+        graph from the first of them on (`models.trace.graph_start`).
         """
+        kept = kept_blocks(attention, sum(len(stage.blocks) for stage in self.stages))
+        graph_from = graph_start(attention, kept)
         blocks, features = [], []
         with torch.set_grad_enabled(grad):
-            if grad:
+            if grad and not graph_from:
                 pixels = pixels.detach().requires_grad_(True)
             x = pixels
             for i, stage in enumerate(self.stages):
-                x, cls = stage(x, trace=blocks, index=i, keep_normed=grad, decompose=decompose, keep_attn=attention)
+                x, cls = stage(x, trace=blocks, index=i, keep_normed=grad, decompose=decompose, kept=kept,
+                               graph_from=graph_from)
                 features.append(x)
             logits = self.head(self.norm(cls[:, 0]))
         input_size = (pixels.shape[2], pixels.shape[3])
         return Trace(logits=logits, blocks=blocks, embeddings=self.embeddings(input_size), features=features,
-                     input_size=input_size, pixels=pixels if grad else None)
+                     input_size=input_size, pixels=pixels if grad and not graph_from else None)
 
 
 # transformers' CvtForImageClassification names -> ours, applied in order

@@ -23,7 +23,7 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from .relevance import GammaLinear, RelevanceRules, conv_bn, norm_mean, norm_sum, relu
-from .trace import BlockTrace, Embedding, Trace, Window
+from .trace import BlockTrace, Embedding, KeptAttention, Trace, Window
 
 BLOCKS = ("basic", "bottleneck")
 
@@ -189,7 +189,8 @@ class ResNet(nn.Module):
             x = block(x)
         return self.fc(norm_mean(x))
 
-    def trace(self, pixels: Tensor, *, grad: bool = False, decompose: bool = False, attention: bool = True) -> Trace:
+    def trace(self, pixels: Tensor, *, grad: bool = False, decompose: bool = False,
+              attention: KeptAttention = True) -> Trace:
         """One forward pass that returns every block's output on its grid and each stage's feature map.
         `attention` and `decompose` are accepted for the methods' sake: a ResNet has neither."""
         blocks, features = [], []

@@ -30,7 +30,8 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from .relevance import GELU, GammaConv2d, GammaLinear, LayerNorm, attention_inputs
-from .trace import AttentionParts, BlockTrace, Embedding, Trace, Window, WindowPartition
+from .trace import (AttentionParts, BlockTrace, Embedding, KeptAttention, Trace, Window, WindowPartition, graph_start,
+                    kept_blocks)
 
 LN_EPS = 1e-5   # timm's and transformers' Swin: nn.LayerNorm's default
 
@@ -335,24 +336,32 @@ class Swin(nn.Module):
             first += len(stage.blocks)
         return self.head_logits(self.norm(rearrange(x, 'b h w c -> b (h w) c')))
 
-    def trace(self, pixels: Tensor, *, grad: bool = False, decompose: bool = False, attention: bool = True) -> Trace:
+    def trace(self, pixels: Tensor, *, grad: bool = False, decompose: bool = False,
+              attention: KeptAttention = True) -> Trace:
         """One forward pass that returns every block's windowed attention, block output and stage feature map.
 
         With grad=True the graph is kept, so `torch.autograd.grad(logit, trace.attentions)` works.
         decompose=True: each block also keeps how its heads write (`BlockTrace.parts`, values per window).
         attention=False: no attention maps (`attn` None) and the fused attention kernel (CKA).
+        attention=slice(...): the maps of those blocks only (indices of `trace.blocks`), and with grad=True the
+        graph from the first of them on (`models.trace.graph_start`).
         """
+        kept = kept_blocks(attention, sum(len(stage.blocks) for stage in self.layers))
+        graph_from = graph_start(attention, kept)
         blocks, features = [], []
         with torch.set_grad_enabled(grad):
-            if grad:
+            if grad and not graph_from:
                 pixels = pixels.detach().requires_grad_(True)
-            x = self.embed(pixels)
+            with torch.set_grad_enabled(grad and not graph_from):
+                x = self.embed(pixels)
             for s, stage in enumerate(self.layers):
-                x = stage.downsample(x)
+                with torch.set_grad_enabled(grad and len(blocks) >= graph_from):
+                    x = stage.downsample(x)
                 grid = (x.shape[1], x.shape[2])
                 for block in stage.blocks:
-                    inputs = x
-                    x, attn, normed, part = block(x, return_attn=attention)
+                    inputs, i = x, len(blocks)
+                    with torch.set_grad_enabled(grad and i >= graph_from):
+                        x, attn, normed, part = block(x, return_attn=i in kept)
                     flat = lambda t: rearrange(t, 'b h w c -> b (h w) c')
                     blocks.append(BlockTrace(attn=attn, tokens=flat(x), stage=s, query_grid=grid, key_grid=grid,
                                              key_window=Window(1, 1, 0), prefix_kinds=(),
@@ -365,7 +374,7 @@ class Swin(nn.Module):
         input_size = (pixels.shape[2], pixels.shape[3])
         return Trace(logits=logits, blocks=blocks, embeddings=self.embeddings(input_size), features=features,
                      input_size=input_size, pooled=pooled, final_tokens=final,
-                     pixels=pixels if grad else None)
+                     pixels=pixels if grad and not graph_from else None)
 
 
 # transformers' SwinForImageClassification names -> ours, applied in order (q, k, v are joined afterwards)

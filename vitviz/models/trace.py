@@ -12,6 +12,23 @@ import torch
 from torch import Tensor
 
 
+KeptAttention = bool | slice   # `trace(attention=...)`: every block's attention maps, none, or a slice of the blocks'
+
+
+def kept_blocks(attention: KeptAttention, depth: int) -> range:
+    """The blocks whose attention maps a trace keeps, of `depth`: all (True), none (False), or those a slice of the
+    blocks picks (a negative start counts from the last block)."""
+    if isinstance(attention, bool):
+        return range(depth) if attention else range(0)
+    return range(depth)[attention]
+
+
+def graph_start(attention: KeptAttention, kept: range) -> int:
+    """The first block a grad trace keeps the graph of: 0, or a slice's first block, since what the trace is for
+    reads nothing before it (the earlier blocks run without a graph, and the pixels get no gradient)."""
+    return kept.start if isinstance(attention, slice) and len(kept) else 0
+
+
 @dataclass(frozen=True)
 class Window:
     """A square sliding window: one output token reads input[stride*i - padding : ... + kernel]."""

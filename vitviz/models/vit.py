@@ -17,7 +17,7 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from .relevance import GELU, GammaConv2d, GammaLinear, LayerNorm, QuickGELU, attention_inputs
-from .trace import AttentionParts, BlockTrace, Embedding, Trace, Window
+from .trace import AttentionParts, BlockTrace, Embedding, KeptAttention, Trace, Window, graph_start, kept_blocks
 
 LN_EPS = 1e-6
 ACTIVATIONS = {"gelu": GELU, "quick_gelu": QuickGELU}   # the MLP's, by timm's `act_layer` names
@@ -270,22 +270,29 @@ class ViT(nn.Module):
                                           attn_delta=attn_delta if i == index else None)
         return self.head_logits(self.norm(tokens))
 
-    def trace(self, pixels: Tensor, *, grad: bool = False, decompose: bool = False, attention: bool = True) -> Trace:
+    def trace(self, pixels: Tensor, *, grad: bool = False, decompose: bool = False,
+              attention: KeptAttention = True) -> Trace:
         """One forward pass that returns every attention map and block output.
 
         With grad=True the graph is kept, so `torch.autograd.grad(logit, trace.attentions)` works. A model
         without a classifier has no logits (b 0): its output is `trace.pooled`. decompose=True: each block
         also keeps how its heads write (`BlockTrace.parts`, for direct logit attribution). attention=False: no
         attention maps (`attn` None) and the fused attention kernel, for work that reads only the tokens (CKA).
+        attention=slice(...): the maps of those blocks only, and with grad=True the graph from the first of them
+        on (LeGrad reading the last blocks; `models.trace.graph_start`).
         """
+        kept = kept_blocks(attention, len(self.blocks))
+        graph_from = graph_start(attention, kept)
         with torch.set_grad_enabled(grad):
-            if grad:
+            if grad and not graph_from:
                 pixels = pixels.detach().requires_grad_(True)
-            x, grid = self.embed(pixels)
+            with torch.set_grad_enabled(grad and not graph_from):
+                x, grid = self.embed(pixels)
             blocks = []
-            for block in self.blocks:
+            for i, block in enumerate(self.blocks):
                 inputs = x
-                x, attn, normed = block(x, return_attn=attention)
+                with torch.set_grad_enabled(grad and i >= graph_from):
+                    x, attn, normed = block(x, return_attn=i in kept)
                 blocks.append(BlockTrace(attn=attn, tokens=x, stage=0, query_grid=grid, key_grid=grid,
                                          key_window=Window(1, 1, 0), prefix_kinds=self.config.prefix_kinds,
                                          normed=normed if grad else None, inputs=inputs,
@@ -297,5 +304,5 @@ class ViT(nn.Module):
         in_grid = (pixels.shape[2], pixels.shape[3])
         return Trace(logits=logits, blocks=blocks, embeddings=self.embeddings(in_grid), features=[features],
                      input_size=in_grid, pooled=pooled, final_tokens=final,
-                     pixels=pixels if grad else None)
+                     pixels=pixels if grad and not graph_from else None)
 
