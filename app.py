@@ -10,6 +10,9 @@ import os
 import threading
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+# Agg, said before matplotlib is imported: Gradio asks for the backend around every event, and left to choose
+# one matplotlib imports pyplot to find out (a second of the first answer after a start; vitviz draws with Agg)
+os.environ.setdefault("MPLBACKEND", "agg")
 
 # On a ZeroGPU Space `spaces` must be imported before torch meets CUDA: it swaps torch's CUDA for an
 # emulation in this process and runs each @spaces.GPU call in a worker that holds a real GPU. gradio
@@ -35,9 +38,8 @@ def default_pair(vit: str | None, cvt: str | None) -> tuple[str, str, str]:
         return vit, cvt, ""
     if all(hub.available(name) for name in catalog.IMAGENET_PAIR):
         return (*catalog.IMAGENET_PAIR, "")
-    return (*catalog.BUNDLED_PAIR, "**Offline:** the Hugging Face Hub cannot be reached and the ImageNet models are not "
-            "cached, so the page uses vitviz's bundled CIFAR-10 models (32x32 classifiers of 10 classes: airplane, "
-            "automobile, bird, cat, deer, dog, frog, horse, ship, truck).")
+    return (*catalog.BUNDLED_PAIR, "**Offline** (the Hugging Face Hub cannot be reached, the ImageNet models are not "
+            "cached): vitviz's bundled CIFAR-10 models, 32x32 classifiers of 10 classes.")
 
 
 def load_at_start(names) -> threading.Thread | None:

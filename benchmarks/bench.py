@@ -60,7 +60,7 @@ from vitviz.session import ModelRun, decode_side  # noqa: E402
 ITEMS = ("forward", "cvt", "traced", "pipeline", "request", "rerender", "coldstart", "memory", "peak", "attribution",
          "evaluate", "quantus", "explain", "decide", "compare", "clip", "swin", "cnn", "video")
 TARGETS = {"forward": 1.00, "cvt": 1.00, "traced": 1.30, "pipeline": 0.80, "request": 1.50, "rerender": 0.10,
-           "coldstart": 1.50, "import": 1.15, "attribution": 1.00, "evaluate": 1.25, "quantus": 1.00,
+           "coldstart": 1.50, "coldstart-floor": 1.15, "import": 1.15, "attribution": 1.00, "evaluate": 1.25, "quantus": 1.00,
            "decide": 1.30, "decide-floor": 1.10, "decide-hooks": 1.00, "compare": 1.20, "compare-cka": 1.00,
            "clip": 1.00, "clip-legrad": 0.97, "swin": 1.00, "swin-traced": 1.30, "swin-rollout": 0.20, "swin-memory": 2.00,
            "cnn": 1.00, "cnn-traced": 1.20, "cnn-receptive": 1.10, "video": 1.25}
@@ -457,14 +457,35 @@ def launched_app(bench: Bench, items: set[str]) -> None:
             server.stop()
         warm = Timing(seconds[1:])
         if "coldstart" in items:
+            loaded = load_seconds((a, b))
+            floor = loaded + warm.median
             report(f"cold start python app.py, {what}: first page {page:.1f} s, first answered request {first:.1f} s "
                    f"(the client's connection to the page {connect:.2f} s of it), warm requests {warm}, "
                    f"(first answer - first page) / warm request "
-                   + verdict("coldstart", (first - page) / warm.median))
+                   + verdict("coldstart", (first - page) / warm.median)
+                   + f"; floor: import gradio, torch and both models loaded in a fresh process {loaded:.1f} s + one "
+                     f"warm request = {floor:.1f} s, first answer / floor " + verdict("coldstart-floor", first / floor))
         if memory:
             gib = lambda key: int(status[key].split()[0]) * 1024 / 2**30
             report(f"app memory, ImageNet pair, after {len(seconds)} requests over HTTP: RSS {gib('VmRSS'):.2f} GiB, "
                    f"peak RSS {gib('VmHWM'):.2f} GiB (requests from a client: {warm})")
+
+
+def load_seconds(names) -> float:
+    """Seconds from starting a fresh interpreter to both models in memory: `import gradio, torch`, then vitviz's
+    `hub.load` of each (read when the process says so, not at its exit): with one warm request, the floor of
+    the first answer after a start."""
+    code = ("import gradio, torch\nfrom vitviz import hub\n"
+            + "".join(f"hub.load({name!r}, allow_local=True)\n" for name in names) + "print('loaded', flush=True)\n")
+    start = time.perf_counter()
+    with subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+                          env={**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"}) as process:
+        line = process.stdout.readline()
+        seconds = time.perf_counter() - start
+        process.wait()
+    if line.strip() != "loaded":
+        raise SystemExit(f"coldstart: loading {names} in a fresh process failed")
+    return seconds
 
 
 def import_seconds(rounds: int = 5) -> dict[str, Timing]:
@@ -1140,7 +1161,9 @@ def main(argv=None) -> None:
     repeats = args.repeats or (2 if args.quick else 7)
     if repeats < 1:
         p.error("--repeats must be at least 1")
-    training = subprocess.run(["pgrep", "-f", "vitviz.train"], capture_output=True, text=True).stdout.split()
+    # running or runnable ones only: a training paused for a quiet window (kill -STOP) takes no CPU
+    training = subprocess.run(["pgrep", "-r", "R,S,D", "-f", "vitviz.train"], capture_output=True,
+                              text=True).stdout.split()
     report(f"vitviz benchmark: torch {torch.__version__}, {args.device}"
            f"{' (' + torch.cuda.get_device_name() + ')' if args.device == 'cuda' else ''}"
            f"{', bf16 autocast' if args.autocast else ''}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, "

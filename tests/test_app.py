@@ -488,14 +488,16 @@ TOP_TABS = {"Tokens": "#tokens-tabs", "Attention": "#attention-tabs", "Explain a
             "What decides": "#decide-tabs", "Video": "#video-run", "Download": "#download-build"}   # a part of each
 
 
-def open_tab(page, name: str) -> None:
-    """Click a tab, from the "More tabs" menu where the page is too narrow to show it."""
-    tab = page.get_by_role("tab", name=name)
+def open_tab(page, name: str, *, within: str | None = None) -> None:
+    """Click a tab (of the tab bar `within`, default the page's), from its "More tabs" menu where the page is too
+    narrow to show it."""
+    bar = page.locator(within) if within else page
+    tab = bar.get_by_role("tab", name=name)
     if tab.count() and tab.first.is_visible():
         tab.first.click()
     else:
-        page.get_by_role("button", name="More tabs").first.click()   # the page's, before a sub-tab bar's own
-        page.locator(".overflow-dropdown button", has_text=name).click()
+        bar.get_by_role("button", name="More tabs").first.click()   # the page's, before a sub-tab bar's own
+        bar.locator(".overflow-dropdown button", has_text=name).click()
 
 
 def load_images(page, selector: str) -> None:
@@ -539,7 +541,7 @@ def test_a_person_reads_the_token_panel_compares_dinov2_with_and_without_registe
     page.screenshot(path=str(SCREENSHOTS / f"5-registers-{width}.png"), full_page=True)
 
     open_tab(page, "Attention")
-    page.get_by_role("tab", name="Heads at a glance").click()
+    open_tab(page, "Heads at a glance", within="#attention-tabs")
     thumbnails = page.locator("#heads-a button.thumbnail-lg")
     thumbnails.first.wait_for(timeout=60_000)
     assert thumbnails.count() == 1 + 6   # the heads' mean, then each of the 6 heads

@@ -3,6 +3,8 @@ by the training entry point."""
 import json
 import re
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -43,7 +45,10 @@ def card_accuracy(name: str) -> float:
     return float(match.group(1))
 
 
-@pytest.mark.parametrize("name", ["vit-cifar10", "cvt-cifar10"])
+BUNDLED = [entry.name for entry in catalog.bundled()]
+
+
+@pytest.mark.parametrize("name", BUNDLED)
 def test_bundled_model_loads_offline_and_meets_its_model_card_on_1000_test_images(name, no_network):
     clear_cache()
     loaded = vitviz.load(name)
@@ -59,20 +64,31 @@ def test_bundled_model_loads_offline_and_meets_its_model_card_on_1000_test_image
 
 
 def test_model_cards_state_what_the_checkpoints_measured():
-    for name in ("vit-cifar10", "cvt-cifar10"):
+    for name in BUNDLED:
         config = json.loads((catalog.CATALOG[name].path / "config.json").read_text())
         assert card_accuracy(name) == pytest.approx(config["metrics"]["test_acc"] * 100, abs=0.05)
         assert config["metrics"]["test_images"] == 10_000
 
 
-@pytest.mark.parametrize("name", ["vit-cifar10", "cvt-cifar10"])
+@pytest.mark.parametrize("name", BUNDLED)
 def test_bundled_weights_are_small_enough_for_a_space_and_load_back_as_fp32(name):
     folder = catalog.CATALOG[name].path
     assert (folder / "model.safetensors").stat().st_size < 10 * 2**20
     assert all(p.dtype == torch.float32 for p in vitviz.load(name).model.parameters())
 
 
-@pytest.mark.parametrize("arch", ["vit-micro", "cvt-micro"])
+def test_loading_the_bundled_models_in_a_fresh_process_imports_no_symbolic_maths():
+    """Weights are allocated for a model built on the meta device without torch's Python references, whose
+    first use imports sympy: 0.6 s that the first answer after a start would wait for."""
+    code = (f"import sys, vitviz\nfor name in {BUNDLED!r}: vitviz.load(name)\n"
+            f"print('sympy' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          cwd=CARDS.parents[1])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-1] == "False"
+
+
+@pytest.mark.parametrize("arch", ["vit-micro", "cvt-micro", "swin-micro", "resnet-micro"])
 def test_one_epoch_of_training_writes_a_loadable_checkpoint_and_resumes(arch, tmp_path):
     from vitviz.train import main
     out = tmp_path / arch

@@ -281,24 +281,30 @@ def test_tokens_cls_needs_a_class_token():
 
 # ---- the published result ------------------------------------------------------------------------------------
 
-def test_the_readme_shows_the_shipped_comparison_of_the_bundled_pair():
-    """The bundled pair over 1,000 CIFAR-10 test images, tokens mean and cls: the files are there, small, what
-    `compare` writes, and the README's tables are the tables those files give."""
+def test_the_readme_shows_the_shipped_comparisons_of_the_bundled_models():
+    """Each shipped pair over 1,000 CIFAR-10 test images, tokens mean (and cls where both models have a class
+    token): the files are there, small, what `compare` writes, and the README's tables are the tables those
+    files give; either order of a pair reads the same result."""
     readme = (ROOT / "README.md").read_text()
-    for tokens in ("mean", "cls"):
-        folder = cmp.PUBLISHED / tokens
-        summary = json.loads((folder / cmp.SUMMARY).read_text())
-        assert [m["name"] for m in summary["models"]] == list(catalog.BUNDLED_PAIR)
-        assert summary["tokens"] == tokens and summary["data"]["images"] == 1000 and not summary["data"]["skipped"]
-        assert Path(summary["data"]["name"]).name == "cifar10_jpeg.npz" and summary["data"]["limit"] == 1000
-        result = cmp.published(catalog.BUNDLED_PAIR, tokens=tokens)
-        assert result.images == 1000 and list(result.layers_a) == summary["layers"]["a"]
-        assert cmp.markdown(result, catalog.BUNDLED_PAIR).strip() in readme, tokens
-        for name in summary["files"]:
-            assert (folder / name).stat().st_size < 200_000, name
-            if name.endswith(".png"):
-                assert f"checkpoints/compare-vit-cvt-cifar10/{tokens}/{name}" in readme, name
-    assert cmp.published(("vit-base", "cvt-13")) is None
+    for names, folder in cmp.PUBLISHED.items():
+        has_cls = all(catalog.CATALOG[n].family in ("vit", "cvt") for n in names)
+        assert sorted(p.name for p in folder.iterdir()) == (["cls", "mean"] if has_cls else ["mean"]), folder
+        for tokens in ("mean", "cls") if has_cls else ("mean",):
+            summary = json.loads((folder / tokens / cmp.SUMMARY).read_text())
+            assert [m["name"] for m in summary["models"]] == list(names)
+            assert summary["tokens"] == tokens and summary["data"]["images"] == 1000 and not summary["data"]["skipped"]
+            assert Path(summary["data"]["name"]).name == "cifar10_jpeg.npz" and summary["data"]["limit"] == 1000
+            result = cmp.published(names, tokens=tokens)
+            assert result.images == 1000 and list(result.layers_a) == summary["layers"]["a"]
+            assert cmp.markdown(result, names).strip() in readme, (names, tokens)
+            for name in summary["files"]:
+                assert (folder / tokens / name).stat().st_size < 200_000, name
+                if name.endswith(".png"):
+                    assert f"checkpoints/{folder.name}/{tokens}/{name}" in readme, name
+            swapped = cmp.published(names[::-1], tokens=tokens)
+            assert np.array_equal(swapped.a_vs_b, result.a_vs_b.T) and swapped.layers_a == result.layers_b
+            assert np.array_equal(swapped.a_vs_a, result.b_vs_b) and np.array_equal(swapped.b_vs_b, result.a_vs_a)
+    assert cmp.published(("vit-base", "cvt-13")) is None and cmp.published(("vit-cifar10", "vit-cifar10")) is None
     mean, cls = (cmp.published(catalog.BUNDLED_PAIR, tokens=t) for t in ("mean", "cls"))
     neighbours = [*np.diag(mean.a_vs_a, 1), *np.diag(mean.b_vs_b, 1)]
     words = re.sub(r"\s+", " ", readme)

@@ -42,7 +42,7 @@ TIMM_CASES = {   # timm tag -> what it exercises in the architecture mapping
     "vit_medium_patch16_reg4_gap_256.sbb_in1k": "4 registers, no class token, avg pool, fc_norm, LayerScale, 256 px",
     "deit3_small_patch16_224.fb_in1k": "LayerScale, position embedding without the class token",
 }
-BUNDLED_HINT = "Bundled models work offline: vit-cifar10, cvt-cifar10."
+BUNDLED_HINT = "Bundled models work offline: vit-cifar10, cvt-cifar10, swin-cifar10, resnet-cifar10."
 
 pytestmark = pytest.mark.usefixtures("own_caches")
 
@@ -480,11 +480,11 @@ def test_catalog_hub_entries_parse_and_timm_ones_are_the_repos_timms_registry_na
         if entry.takes_prompts:   # CLIP: a repo open_clip's pretrained registry downloads from
             assert f"{entry.source}/" in {open_clip.get_pretrained_cfg(*pair).get("hf_hub")
                                           for pair in open_clip.list_pretrained()}
-        elif entry.family == "vit":
+        elif entry.source.startswith("timm/"):   # ViT, Swin, ResNet, ConvNeXt
             assert get_pretrained_cfg(entry.source.removeprefix("timm/")).hf_hub_id == entry.source
         else:
-            assert entry.source.startswith("microsoft/cvt-")
-    assert [e.name for e in catalog.bundled()] == list(catalog.BUNDLED_PAIR)
+            assert entry.family == "cvt" and entry.source.startswith("microsoft/cvt-")
+    assert [e.name for e in catalog.bundled()][:2] == list(catalog.BUNDLED_PAIR)
     assert [catalog.CATALOG[name].family for name in catalog.IMAGENET_PAIR + catalog.BUNDLED_PAIR] == ["vit", "cvt"] * 2
     assert {"vit-tiny", "vit-small", "vit-base", "deit-tiny", "deit-small", "deit-tiny-distilled", "cvt-13",
             "cvt-21", "cvt-13-384", "cvt-w24-384"} <= set(catalog.CATALOG)

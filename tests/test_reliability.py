@@ -34,6 +34,8 @@ from test_image import gray_png, solid_gray_jpeg
 from vitviz import catalog
 from vitviz.bundle import save_bundle
 from vitviz.image import MAX_UPLOAD_BYTES
+from vitviz.ui.video import EXAMPLE as VIDEO_EXAMPLE
+from vitviz.video import APP_MAX_BYTES as VIDEO_UPLOAD_BYTES
 from vitviz.models import CvT, ViT
 from vitviz.preprocess import IMAGENET_MEAN, IMAGENET_STD, Transform
 from vitviz.train import ARCHITECTURES
@@ -48,7 +50,7 @@ SESSIONS = 16          # sessions (one click's traces and views each) the app ke
 FILE_TTL = 30          # seconds a file stays in the app's Gradio cache (VITVIZ_FILE_TTL); swept every FILE_TTL / 4
 ANSWER_S = 120         # no single request may take longer, however loaded the machine
 HUB_VIT = "test/reliability-vit"
-OFFLINE_HINT = "Bundled models work offline: vit-cifar10, cvt-cifar10."
+OFFLINE_HINT = "Bundled models work offline: vit-cifar10, cvt-cifar10, swin-cifar10, resnet-cifar10."
 
 
 class Relay:
@@ -122,9 +124,9 @@ def published(hub, tmp_path_factory) -> Path:
                             num_heads=2)
     hub.publish("test/reliability-misfit", {"config.json": good["config.json"],
                                             "model.safetensors": (tmp / "wider" / "model.safetensors").read_bytes()})
-    swin = {"architecture": "swin_tiny_patch4_window7_224", "num_classes": 1000,
-            "pretrained_cfg": {"input_size": [3, 224, 224], "crop_pct": 0.9, "num_classes": 1000}}
-    hub.publish("test/reliability-swin", {"config.json": json.dumps(swin).encode(),
+    swinv2 = {"architecture": "swinv2_tiny_window8_256", "num_classes": 1000,
+              "pretrained_cfg": {"input_size": [3, 256, 256], "crop_pct": 0.9, "num_classes": 1000}}
+    hub.publish("test/reliability-swinv2", {"config.json": json.dumps(swinv2).encode(),
                                           "model.safetensors": good["model.safetensors"]})
     marker = tmp / "pickled-code-ran"
     pickle_with_code(tmp / "pytorch_model.bin", marker, wider.state_dict())
@@ -337,7 +339,7 @@ BAD_MODELS = {   # case -> (what the model box gets, {tmp}: the app's folder; wo
     "local folder the owner did not name": ("{tmp}/not-named-by-the-owner", [FILE_PATH]),
     "owner's folder reached by ..": ("{tmp}/micro-cvt/../micro-vit", [FILE_PATH]),
     "repo not on the Hub": ("test/reliability-no-such-repo", ["is not on the Hugging Face Hub"]),
-    "another architecture": ("test/reliability-swin", ["vitviz runs ViT and DeiT checkpoints"]),
+    "another architecture": ("test/reliability-swinv2", ["a SwinV2 (scaled cosine attention", "vitviz runs ViT, DeiT, Swin"]),
     "tensors that do not fit": ("test/reliability-misfit", ["do not fit its config.json"]),
     "pickle with code": ("test/reliability-pickled-code", ["pytorch_model.bin was refused",
                                                            "never runs code from a checkpoint"]),
@@ -371,6 +373,7 @@ BAD_UPLOADS = {   # case -> (file name, bytes, words the error must contain)
     "empty file": ("photo.jpg", lambda: b"", ["empty"]),
     "HTML renamed .jpg": ("cat.jpg", lambda: b"<!DOCTYPE html><html><body>403 Forbidden</body></html>", ["HTML"]),
     "truncated JPEG": ("cut.jpg", lambda: jpeg_bytes(64, 64)[:1500], ["cut off"]),
+    "image above its limit": ("large.png", lambda: bytes(MAX_UPLOAD_BYTES + 1), ["25.0 MB; the limit is 25 MB"]),
     "decompression bomb": ("bomb.png", lambda: gray_png(9000, 9000, rows=9000), ["9000x9000", "limit is 64"]),
     "20000x20000 JPEG": ("giant.jpg", lambda: solid_gray_jpeg(20000, 20000), ["megapixels"]),
     "SVG": ("drawing.svg", lambda: b'<svg xmlns="http://www.w3.org/2000/svg" width="9" height="9"/>', ["SVG"]),
@@ -389,10 +392,11 @@ def test_a_bad_upload_is_refused_in_words_and_the_app_keeps_serving(client, tmp_
 
 
 def test_an_upload_above_the_limit_is_refused_by_the_server_before_it_is_stored(server, client, tmp_path):
-    """gradio_client checks the size itself, so the file goes to the upload route by hand, as any client could."""
+    """gradio_client checks the size itself, so the file goes to the upload route by hand, as any client could.
+    The server's limit is the video tab's; an image above its own lower limit is refused in words (BAD_UPLOADS)."""
     big = tmp_path / "huge.png"
     with big.open("wb") as f:
-        f.truncate(MAX_UPLOAD_BYTES + 1)
+        f.truncate(max(MAX_UPLOAD_BYTES, VIDEO_UPLOAD_BYTES) + 1)
     stored = {p.name for p in cache_files(server.tmp / "gradio")}
     with big.open("rb") as f:
         response = httpx.post(f"{server.url}gradio_api/upload", files={"files": (big.name, f, "image/png")},
@@ -492,7 +496,7 @@ def test_300_requests_in_a_row_keep_memory_temp_files_and_the_model_cache_bounde
     pairs = [PAIR, (vit, cvt), (HUB_VIT, PAIR[1]), (PAIR[0], cvt), (vit, PAIR[1])]
     assert len(pairs) == PAIRS
     gradio_cache = server.tmp / "gradio"
-    examples = {p.name for p in ASSETS}
+    examples = {p.name for p in ASSETS} | {VIDEO_EXAMPLE.name}   # the app's examples stay
     start, before = time.monotonic(), stats(client)
     requests, explains, rss, loaded = 0, 0, [], set()
     while requests < SOAK_REQUESTS:

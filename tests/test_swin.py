@@ -317,6 +317,24 @@ def test_mean_attention_distance_is_bounded_by_the_window():
         assert (distance > 0).all() and (distance <= stride * (block.windows.size - 1) * 2 ** 0.5).all()
 
 
+def test_the_bias_picture_holds_timms_bias_for_each_key_at_its_offset_below_and_right_of_the_query():
+    """Tile [h, dy + w - 1, dx + w - 1] is the bias timm's attention adds for a key dy rows below and dx columns
+    right of its query (timm's table is indexed by query minus key: the picture turns it round)."""
+    from vitviz.render.anatomy import relative_position_biases
+
+    reference, ours = small_pair()
+    windowed = [block.attn for stage in reference.layers for block in stage.blocks]
+    pictures = relative_position_biases(ours)
+    assert len(pictures) == len(windowed)
+    w = SMALL["window_size"]
+    rows, cols = np.divmod(np.arange(w * w), w)
+    for attn, picture in zip(windowed, pictures):
+        with torch.no_grad():
+            bias = attn._get_rel_pos_bias()[0].numpy()   # h q k
+        dy, dx = rows[None, :] - rows[:, None], cols[None, :] - cols[:, None]   # q k: key minus query
+        np.testing.assert_array_equal(picture[:, dy + w - 1, dx + w - 1], bias)
+
+
 def test_legrad_of_a_mean_pooled_swin_reads_its_last_stage():
     _, ours = small_pair()
     cam = explain.legrad(ours, torch.randn(2, 3, 112, 112), torch.tensor([0, 3]))

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from .models import build, family_of, load_weights
+from .models import allocate, build, family_of, load_weights
 from .preprocess import Transform
 
 FORMAT = "vitviz"
@@ -45,7 +45,8 @@ def load_bundle(folder: str | Path):
     """-> (model in eval mode, fp32, on CPU; Transform; labels; the whole config dict)."""
     config = read_config(folder)
     with torch.device("meta"):   # no random initialisation (most of a load's time): the file holds every value
-        model = build(config["family"], config["model"]).to_empty(device="cpu")
+        model = build(config["family"], config["model"])
+    model = allocate(model, "cpu")
     weights = {k: v.float() if v.is_floating_point() else v for k, v in load_file(Path(folder) / WEIGHTS_FILE).items()}
     load_weights(model, weights)
     for name, buffer in model.named_buffers():

@@ -101,6 +101,12 @@ CATALOG: dict[str, CatalogEntry] = {e.name: e for e in [
                  "vitviz's own ViT, 32 px CIFAR-10 (bundled, works offline)", bundled=True),
     CatalogEntry("cvt-cifar10", "cvt-cifar10", "cvt",
                  "vitviz's own CvT, 32 px CIFAR-10 (bundled, works offline)", bundled=True),
+    CatalogEntry("swin-cifar10", "swin-cifar10", "swin",
+                 "vitviz's own Swin (patch 2, 4x4 shifted windows), 32 px CIFAR-10 (bundled, works offline)",
+                 bundled=True),
+    CatalogEntry("resnet-cifar10", "resnet-cifar10", "resnet",
+                 "vitviz's own ResNet-20 (He et al.'s CIFAR design), 32 px CIFAR-10 (bundled, works offline)",
+                 bundled=True),
 ]}
 
 
@@ -111,12 +117,12 @@ BUNDLED_PAIR = ("vit-cifar10", "cvt-cifar10")
 PAIRS = {
     "DINOv2 vs DINOv2 with registers": ("dinov2-s14", "dinov2-s14-reg4"),
     "DINO (self-supervised) vs CvT-13": ("dino-s16", "cvt-13"),
-    "ViT-B vs CvT-13 (ImageNet classifiers)": IMAGENET_PAIR,
+    "ViT-B vs CvT-13 (ImageNet)": IMAGENET_PAIR,
     "CLIP vs supervised ViT-B/16": ("clip-b16", "vit-base"),
-    "ViT-B vs Swin-T (global vs shifted-window attention)": ("vit-base", "swin-tiny"),
-    "CvT-13 vs Swin-T (convolutional vs windowed attention)": ("cvt-13", "swin-tiny"),
-    "ViT-B vs ResNet-50 (Raghu et al.: do ViTs see like CNNs?)": ("vit-base", "resnet-50"),
-    "Swin-T vs ConvNeXt-T (Liu et al.: a ConvNet for the 2020s)": ("swin-tiny", "convnext-tiny"),
+    "ViT-B vs Swin-T (windows)": ("vit-base", "swin-tiny"),          # global vs shifted-window attention
+    "CvT-13 vs Swin-T": ("cvt-13", "swin-tiny"),                     # convolutional vs windowed attention
+    "ViT-B vs ResNet-50 (a CNN)": ("vit-base", "resnet-50"),         # Raghu et al.: do ViTs see like CNNs?
+    "Swin-T vs ConvNeXt-T (a CNN)": ("swin-tiny", "convnext-tiny"),  # Liu et al.: a ConvNet for the 2020s
 }
 
 

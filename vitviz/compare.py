@@ -89,8 +89,10 @@ CKA_FILE = "cka.npz"
 RECEPTIVE_FILE, RECEPTIVE_PLOT = "receptive-field.npz", "receptive-field.png"   # --receptive-field
 SUMMARY = "summary.json"
 MATRICES = ("a_vs_b", "a_vs_a", "b_vs_b")    # cka.npz's arrays and the heatmaps' file stems
-PUBLISHED = catalog.CHECKPOINTS / "compare-vit-cvt-cifar10"   # <tokens>/: `compare`'s output, shipped
-PUBLISHED_PAIR = catalog.BUNDLED_PAIR
+# the shipped results, `compare`'s output over 1,000 CIFAR-10 test images (<folder>/<tokens>/), by pair of bundled models
+PUBLISHED = {pair: catalog.CHECKPOINTS / f"compare-{pair[0].split('-')[0]}-{pair[1].split('-')[0]}-cifar10"
+             for pair in (catalog.BUNDLED_PAIR, ("vit-cifar10", "swin-cifar10"), ("cvt-cifar10", "swin-cifar10"),
+                          ("vit-cifar10", "resnet-cifar10"), ("cvt-cifar10", "resnet-cifar10"))}
 Progress = Callable[[float, str], None]
 
 
@@ -287,9 +289,19 @@ def cka_of_images(models: Sequence, images: Sequence[Image.Image], *, tokens: st
 
 
 def published(models: Sequence[str], *, tokens: str = "mean") -> CKAResult | None:
-    """The shipped result for the bundled pair (1,000 CIFAR-10 test images), None for any other pair."""
-    path = PUBLISHED / tokens / CKA_FILE
-    return CKAResult.load(path) if tuple(models) == PUBLISHED_PAIR and path.is_file() else None
+    """The shipped result for a pair of `PUBLISHED` (either way round: the matrices transposed), None for any
+    other pair or where those tokens were not compared (a class token that one of the models lacks)."""
+    a, b = models
+    folder, swapped = PUBLISHED.get((a, b)), False
+    if folder is None and (b, a) in PUBLISHED:
+        folder, swapped = PUBLISHED[(b, a)], True
+    if folder is None or not (folder / tokens / CKA_FILE).is_file():
+        return None
+    result = CKAResult.load(folder / tokens / CKA_FILE)
+    if not swapped:
+        return result
+    return CKAResult(a_vs_b=result.a_vs_b.T, a_vs_a=result.b_vs_b, b_vs_b=result.a_vs_a, layers_a=result.layers_b,
+                     layers_b=result.layers_a, images=result.images)
 
 
 # ---- what a run writes ------------------------------------------------------------------------------------

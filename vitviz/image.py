@@ -23,8 +23,9 @@ Truncated or damaged files are refused with `ImageError`; PIL's global switches
 Gradio: `gr.Image` opens every upload with PIL before the app sees it (and, with its default
 `image_mode="RGB"`, decodes and re-saves non-RGB ones), so its errors are Gradio's, not these. Give
 the event `preprocess=False` and call `read_image(payload["path"])`: Gradio still moves the upload
-into its cache and checks the path first; and `launch(max_file_size=MAX_UPLOAD_BYTES)` refuses
-oversized uploads before they are stored.
+into its cache and checks the path first; and `launch(max_file_size=...)` refuses oversized uploads
+before they are stored (the app's limit is the Video tab's, `video.APP_MAX_BYTES`, so an image between
+the two limits is refused here, in words).
 """
 from __future__ import annotations
 

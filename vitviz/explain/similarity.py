@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from ..models.relevance import GammaLinear
-from ..models.trace import Embedding, Trace
+from ..models.trace import Embedding, KeptAttention, Trace
 
 
 class SimilarityTarget:
@@ -57,8 +57,8 @@ class SimilarityTarget:
     def __call__(self, pixels: Tensor) -> Tensor:
         return self.head(self.model(pixels))   # the headless model returns its pooled output, as timm's
 
-    def trace(self, pixels: Tensor, *, grad: bool = False) -> Trace:
-        trace = self.model.trace(pixels, grad=grad)
+    def trace(self, pixels: Tensor, *, grad: bool = False, attention: KeptAttention = True) -> Trace:
+        trace = self.model.trace(pixels, grad=grad, attention=attention)
         with torch.set_grad_enabled(grad):
             return replace(trace, logits=self.head(trace.pooled))
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from ..models import load_weights
+from ..models import allocate, load_weights
 from ..preprocess import Transform
 from .files import CONFIG, OPEN_CLIP_CONFIG, PROCESSOR, Files
 from .loaded import LoadedModel, LoadError
@@ -30,7 +30,7 @@ def build(model_cls: type[nn.Module], config, weights: dict[str, Tensor], device
     """`model_cls(config)` holding `weights`, in eval mode on `device`, or a LoadError saying what does not fit."""
     with torch.device("meta"):   # no random init: every value comes from the checkpoint
         model = model_cls(config)
-    model = model.to_empty(device=device)
+    model = allocate(model, device)
     try:
         load_weights(model, weights)
     except ValueError as e:

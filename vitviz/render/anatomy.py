@@ -118,15 +118,17 @@ def position_tiles(found: tuple[np.ndarray, tuple[int, int]] | None, *, cmap: st
 
 def relative_position_biases(model: nn.Module) -> list[np.ndarray] | None:
     """Every windowed block's relative position bias, in forward order, each h (2w-1) (2w-1): head h's bias on
-    the attention logit of a key dy rows and dx columns from its query at [h, dy + w - 1, dx + w - 1]; None for a
-    model without (its attention has no relative bias table)."""
+    the attention logit of a key dy rows below and dx columns right of its query at [h, dy + w - 1, dx + w - 1]
+    (the table is indexed by query minus key, so it is turned by 180 degrees); None for a model without (its
+    attention has no relative bias table)."""
     tables = [m.relative_position_bias_table for m in model.modules() if hasattr(m, "relative_position_bias_table")]
     if not tables:
         return None
     out = []
     for table in tables:
         side = round(table.shape[0] ** 0.5)
-        out.append(rearrange(table.detach().float().cpu().numpy(), '(dy dx) h -> h dy dx', dy=side))
+        by_query_minus_key = rearrange(table.detach().float().cpu().numpy(), '(dy dx) h -> h dy dx', dy=side)
+        out.append(np.ascontiguousarray(by_query_minus_key[:, ::-1, ::-1]))
     return out
 
 

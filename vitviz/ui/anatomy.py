@@ -44,8 +44,8 @@ def layout(page: Page) -> None:
             pos_b = gr.Image(label="right: position-embedding similarity", interactive=False)
         distance = gr.Image(label="mean attention distance per head (models with attention)", interactive=False)
         gr.Markdown("**Relative position bias** (Swin's counterpart of the position embedding): per head, the bias "
-                    "its attention adds to the logit of a key dy rows and dx columns away from the query (rows: dy "
-                    "from -(w-1) to w-1, top to bottom; columns: dx; outlined: the query itself).")
+                    "its attention adds to the logit of a key dy rows below and dx columns right of the query (rows: "
+                    "dy from -(w-1) to w-1, top to bottom; columns: dx, left to right; outlined: the query itself).")
         with gr.Row():
             bias_layer_a = gr.Number(value=1, precision=0, minimum=1, label="left: windowed block")
             bias_layer_b = gr.Number(value=1, precision=0, minimum=1, label="right: windowed block")

@@ -13,7 +13,7 @@ import gradio as gr
 import numpy as np
 
 from .. import explain, render
-from ..compare import PUBLISHED_PAIR, CKAResult, heatmaps, markdown, published
+from ..compare import PUBLISHED, CKAResult, heatmaps, markdown, published
 from ..render.compare import class_colours, lens_patches, lens_plot, reach_plot, receptive_view, residual_plot
 from ..session import ModelRun
 from . import gpu
@@ -293,14 +293,15 @@ def similarity(result: CKAResult, names: tuple[str, str], tokens: str, source: s
 
 def render_cka(model_a, model_b, tokens="mean", uploaded: Uploaded | None = None) -> Similarity:
     """The CKA heatmaps of the two models in the boxes: over this browser's uploads if computed for them and
-    these tokens, else the shipped result of the bundled pair, else how to compute them."""
+    these tokens, else the shipped result of a pair of bundled models, else how to compute them."""
     names, tokens = pair(model_a, model_b), checked_tokens(tokens)
     if uploaded is not None and (uploaded.models, uploaded.tokens) == (names, tokens):
         return similarity(uploaded.result, names, tokens, f"over the {uploaded.result.images} images you uploaded")
     shipped = shipped_views(names, tokens)
     if shipped is not None:
         return shipped
-    return Similarity(f"vitviz ships CKA for the bundled pair only ({' and '.join(PUBLISHED_PAIR)}): for "
+    pairs = "; ".join(" and ".join(names) for names in PUBLISHED)
+    return Similarity(f"vitviz ships CKA for pairs of its bundled models only ({pairs}): for "
                       f"{names[0]} and {names[1]}, upload {MIN_IMAGES} to {MAX_IMAGES} images below and press "
                       f"**Compute CKA**.", None, None, None, "")
 

@@ -128,7 +128,7 @@ def stats() -> dict:
 
 INTRO = ("## vitviz: see inside vision transformers\n"
          "Upload a photo (or click an example), pick two models, press **Explain**: what each predicts and where its "
-         "attention flows (rollout; a CNN, which has no attention: Grad-CAM); hatched: what a model never saw. The tabs below answer the next questions.")
+         "attention flows (rollout; a CNN: Grad-CAM); hatched: what a model never saw. The tabs go deeper.")
 
 
 def build(vit: str, cvt: str, notice: str = "") -> gr.Blocks:
