@@ -136,6 +136,16 @@ def same_logits(ours: torch.Tensor, theirs: torch.Tensor, what: str) -> None:
         raise SystemExit(f"{what}: the two models disagree (max logit difference {error:.3g}): not timed")
 
 
+def against_timm(bench: "Bench", loaded, reference, pixels: torch.Tensor, what: str) -> dict:
+    """vitviz's forward, its trace and timm's forward on the same pixels, once the two models are checked to
+    compute the same logits: the timings by name ('vitviz', 'traced', 'timm')."""
+    with torch.inference_mode():
+        same_logits(loaded.model(pixels), reference(pixels), what)
+        with bench.amp():
+            return bench.time({"vitviz": lambda: loaded.model(pixels), "traced": lambda: loaded.model.trace(pixels),
+                               "timm": lambda: reference(pixels)})
+
+
 # ---- the checkpoints ------------------------------------------------------------------------------------
 
 @dataclass
@@ -250,12 +260,7 @@ def vit_forward(bench: Bench, items: set[str]) -> None:
     for shape in VIT_SHAPES:
         reference, loaded = bench.vit_base if shape == "vit_base_patch16_224" else bench.timm_vit(shape)
         for batch in bench.batches:
-            pixels = torch.randn(batch, 3, 224, 224, device=bench.device)
-            with torch.inference_mode():
-                same_logits(loaded.model(pixels), reference(pixels), shape)
-                with bench.amp():
-                    t = bench.time({"vitviz": lambda: loaded.model(pixels),
-                                    "traced": lambda: loaded.model.trace(pixels), "timm": lambda: reference(pixels)})
+            t = against_timm(bench, loaded, reference, torch.randn(batch, 3, 224, 224, device=bench.device), shape)
             bench.results[("forward", shape, batch)] = t["vitviz"].median
             if "forward" in items:
                 report(f"vit forward b{batch} {shape}: vitviz {t['vitviz']}, timm {t['timm']}, "
@@ -1010,12 +1015,7 @@ def swin(bench: Bench, items: set[str]) -> None:
     quick = dict(embed_dim=16, depths=(2, 2, 2, 2), num_heads=(1, 1, 2, 2))
     reference, loaded = timm_family(bench, "swin_tiny_patch4_window7_224", quick)
     for batch in bench.batches:
-        pixels = torch.randn(batch, 3, 224, 224, device=bench.device)
-        with torch.inference_mode():
-            same_logits(loaded.model(pixels), reference(pixels), "Swin-T")
-            with bench.amp():
-                t = bench.time({"vitviz": lambda: loaded.model(pixels), "traced": lambda: loaded.model.trace(pixels),
-                                "timm": lambda: reference(pixels)})
+        t = against_timm(bench, loaded, reference, torch.randn(batch, 3, 224, 224, device=bench.device), "Swin-T")
         report(f"swin forward b{batch} Swin-T: vitviz {t['vitviz']}, timm {t['timm']}, "
                + verdict("swin", t["vitviz"].median / t["timm"].median))
         report(f"swin traced b{batch} Swin-T: vitviz trace {t['traced']}, timm plain {t['timm']}, "
@@ -1035,40 +1035,18 @@ def swin(bench: Bench, items: set[str]) -> None:
 
 # ---- issue 30: the CNN baseline -------------------------------------------------------------------------------
 
-def hooked_receptive_fields(reference, blocks, pixels, tokens) -> list[torch.Tensor]:
-    """Every block's receptive field as one writes it on timm: forward hooks keep each block's output, then per
-    block `torch.autograd.grad` of its centre token's channel sum with respect to the pixels."""
-    outputs = []
-    handles = [b.register_forward_hook(lambda m, args, out: outputs.append(out)) for b in blocks]
-    x = pixels.detach().clone().requires_grad_(True)
-    try:
-        reference(x)
-    finally:
-        for h in handles:
-            h.remove()
-    maps = []
-    for k, (out, (i, j)) in enumerate(zip(outputs, tokens)):
-        (grad,) = torch.autograd.grad(out[:, :, i, j].sum(), x, retain_graph=k < len(outputs) - 1)
-        maps.append(grad.abs().sum(dim=1).mean(dim=0))
-    return maps
-
-
 def cnn(bench: Bench, items: set[str]) -> None:
     """ResNet-50 and ConvNeXt-T (random weights, BatchNorm statistics moved; timm's layout) against timm: the
     forward at b1 and b8 and the traced forward; and every block's receptive field of one image against the same
-    gradients taken with hooks and autograd on timm's model."""
+    gradients taken with hooks and autograd on timm's model (as `tests/test_receptive.py` writes them)."""
+    from test_receptive import hooked_fields
     from vitviz import explain
 
     cases = {"resnet50": dict(layers=(1, 1, 1, 1)), "convnext_tiny": dict(depths=(1, 1, 1, 1), dims=(16, 24, 32, 40))}
     for name, quick in cases.items():
         reference, loaded = timm_family(bench, name, quick)
         for batch in bench.batches:
-            pixels = torch.randn(batch, 3, 224, 224, device=bench.device)
-            with torch.inference_mode():
-                same_logits(loaded.model(pixels), reference(pixels), name)
-                with bench.amp():
-                    t = bench.time({"vitviz": lambda: loaded.model(pixels),
-                                    "traced": lambda: loaded.model.trace(pixels), "timm": lambda: reference(pixels)})
+            t = against_timm(bench, loaded, reference, torch.randn(batch, 3, 224, 224, device=bench.device), name)
             report(f"cnn forward b{batch} {name}: vitviz {t['vitviz']}, timm {t['timm']}, "
                    + verdict("cnn", t["vitviz"].median / t["timm"].median))
             report(f"cnn traced b{batch} {name}: vitviz trace {t['traced']}, timm plain {t['timm']}, "
@@ -1083,11 +1061,11 @@ def cnn(bench: Bench, items: set[str]) -> None:
             tokens.append(divmod(index, trace.blocks[i].query_grid[1]))
         blocks = ([b for stage in (reference.layer1, reference.layer2, reference.layer3, reference.layer4)
                    for b in stage] if name == "resnet50" else [b for stage in reference.stages for b in stage.blocks])
-        theirs = hooked_receptive_fields(reference, blocks, pixels, tokens)
-        if not torch.allclose(torch.stack(theirs), found.maps, rtol=0, atol=1e-4 * float(found.maps.max())):
+        theirs = hooked_fields(reference, blocks, pixels, tokens, "bchw")
+        if not torch.allclose(theirs, found.maps, rtol=0, atol=1e-4 * float(found.maps.max())):
             raise SystemExit(f"cnn: {name}'s receptive fields differ from timm's: not timed")
         t = bench.time({"vitviz": lambda: explain.receptive_field(loaded.model, pixels),
-                        "hooks": lambda: hooked_receptive_fields(reference, blocks, pixels, tokens)})
+                        "hooks": lambda: hooked_fields(reference, blocks, pixels, tokens, "bchw")})
         report(f"cnn receptive fields {len(found.blocks)} blocks b1 {name}: vitviz {t['vitviz']}, timm hooks + "
                f"autograd.grad {t['hooks']}, " + verdict("cnn-receptive", t["vitviz"].median / t["hooks"].median))
 
@@ -1127,13 +1105,23 @@ def video(bench: Bench, items: set[str]) -> None:
                 for m, batches in zip(models, pixels):
                     for p in batches:
                         m.model.trace(p)
-        t = bench.time({"video": lambda: clips.explain_video(path, models, methods=["rollout"],
-                                                              out=bench.folder(f"video-{what}"), fps=8),
+        out = bench.folder(f"video-{what}")
+        t = bench.time({"video": lambda: clips.explain_video(path, models, methods=["rollout"], out=out, fps=8),
                         "forwards": forwards})
+        with av.open(str(out / clips.VIDEO_FILE)) as container:   # what it wrote: the side-by-side frames
+            written = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+
+        def encode():   # the H.264 encoding alone, part of end to end's time that no model choice changes
+            writer = clips.VideoWriter(bench.tmp / "encoded.mp4", fps=8)
+            for image in written:
+                writer.write(image)
+            writer.close()
+        encoding = bench.time({"encode": encode})["encode"]
         rate, floor = len(frames) / t["video"].median, len(frames) / t["forwards"].median
         report(f"video {len(frames)} frames 640x480, {what}: end to end {rate:.1f} frames/s ({t['video']}), the batched "
-               f"traced forwards alone {floor:.1f} frames/s ({t['forwards']}), "
-               + verdict("video", t["video"].median / t["forwards"].median))
+               f"traced forwards alone {floor:.1f} frames/s ({t['forwards']}), of end to end the H.264 encoding of its "
+               f"{written[0].shape[1]}x{written[0].shape[0]} frames alone {encoding.median / len(written) * 1000:.1f} ms a "
+               f"frame, " + verdict("video", t["video"].median / t["forwards"].median))
 
 
 # ---- main ---------------------------------------------------------------------------------------------------

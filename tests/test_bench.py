@@ -72,7 +72,8 @@ EXPECTED = {   # line start -> the rest of it; one line each
     **{f"cnn receptive fields 4 blocks b1 {name}": rf": vitviz {TIMES}, timm hooks \+ autograd.grad {TIMES}, {RATIO}$"
        for name in ("resnet50", "convnext_tiny")},
     **{f"video 8 frames 640x480, {pair}": rf": end to end [\d.]+ frames/s \({TIMES}\), the batched traced forwards "
-                                         rf"alone [\d.]+ frames/s \({TIMES}\), {RATIO}$"
+                                         rf"alone [\d.]+ frames/s \({TIMES}\), of end to end the H.264 encoding "
+                                         rf"of its \d+x\d+ frames alone [\d.]+ ms a frame, {RATIO}$"
        for pair in ("bundled pair", "ImageNet pair")},
 }
 

@@ -31,9 +31,9 @@ def hooked_fields(reference: nn.Module, blocks: list[nn.Module], pixels: torch.T
         for h in handles:
             h.remove()
     maps = []
-    for out, (i, j) in zip(outputs, tokens):
+    for k, (out, (i, j)) in enumerate(zip(outputs, tokens)):
         y = {"bnc": lambda: out[:, i], "bhwc": lambda: out[:, i, j], "bchw": lambda: out[:, :, i, j]}[layout]()
-        (grad,) = torch.autograd.grad(y.sum(), x, retain_graph=True)
+        (grad,) = torch.autograd.grad(y.sum(), x, retain_graph=k < len(outputs) - 1)
         maps.append(grad.abs().sum(dim=1).mean(dim=0))
     return torch.stack(maps)
 
