@@ -164,7 +164,8 @@ def cmd_explain(args) -> int:
                         bar.update(1)
                 if not batch:
                     continue
-                runs_per_model = [explain_images([image for _, _, image in batch], loaded, batch_size=args.batch_size)
+                images, preprocessed = [image for _, _, image in batch], {}
+                runs_per_model = [explain_images(images, loaded, batch_size=args.batch_size, preprocessed=preprocessed)
                                   for loaded in models]
                 for runs in runs_per_model:   # the batch's curves in batched forwards, kept in the runs for export
                     classified = [run for run in runs if run.has_classifier]

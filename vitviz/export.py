@@ -22,7 +22,6 @@ import re
 import struct
 import time
 import zipfile
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -77,10 +76,11 @@ def png_bytes(image: np.ndarray) -> bytes:
     np.subtract(rows[:, channels:], rows[:, :-channels], out=filtered[:, 1 + channels:])   # uint8: mod 256
 
     def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+        crc = isal_zlib.crc32(data, isal_zlib.crc32(kind))   # ISA-L's CRC-32: 4x zlib's on a view's megabyte
+        return b"".join([struct.pack(">I", len(data)), kind, data, struct.pack(">I", crc)])
     header = struct.pack(">IIBBBBB", w, h, 8, PNG_COLOUR_TYPES[channels], 0, 0, 0)   # 8 bits, deflate, no interlace
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header)
-            + chunk(b"IDAT", isal_zlib.compress(filtered.tobytes(), PNG_DEFLATE_LEVEL)) + chunk(b"IEND", b""))
+    pixels = isal_zlib.compress(filtered, PNG_DEFLATE_LEVEL)
+    return b"".join([b"\x89PNG\r\n\x1a\n", chunk(b"IHDR", header), chunk(b"IDAT", pixels), chunk(b"IEND", b"")])
 
 
 def drawing_threads() -> threadpool_limits:

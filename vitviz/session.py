@@ -556,12 +556,19 @@ def explain_image(image: Image.Image, models: Sequence) -> list[ModelRun]:
     return [ModelRun(loaded, image) for loaded in models]
 
 
-def explain_images(images: Sequence[Image.Image], loaded, *, batch_size: int = 8) -> list[ModelRun]:
-    """One model over many images, `batch_size` images per traced forward."""
+def explain_images(images: Sequence[Image.Image], loaded, *, batch_size: int = 8,
+                   preprocessed: dict | None = None) -> list[ModelRun]:
+    """One model over many images, `batch_size` images per traced forward. `preprocessed`: a dict the caller
+    keeps while it passes the same images to several models, so that models that preprocess alike (the same
+    `Transform`) resize each image once."""
     runs = []
+    preprocessed = {} if preprocessed is None else preprocessed
     for start in range(0, len(images), batch_size):
         chunk = images[start:start + batch_size]
-        pixels = torch.cat([loaded.preprocess(image) for image in chunk])
+        key = (loaded.transform, start, batch_size)
+        if key not in preprocessed:
+            preprocessed[key] = torch.cat([loaded.preprocess(image) for image in chunk])
+        pixels = preprocessed[key].to(loaded.device)
         for i, (image, trace) in enumerate(zip(chunk, trace_batch(loaded, pixels))):
             runs.append(ModelRun(loaded, image, pixels=pixels[i:i + 1], trace=trace))
     return runs

@@ -19,8 +19,8 @@ HATCH_PERIOD = 10     # px between the diagonal hatch lines of that region, at a
 
 def as_rgb(image) -> np.ndarray:
     """PIL image or h w [c] uint8 array -> h w 3 uint8 (greyscale repeated, alpha dropped)."""
-    if isinstance(image, Image.Image):
-        return np.asarray(image.convert("RGB"))
+    if isinstance(image, Image.Image):   # read-only pixels: the canvas resizes or copies them
+        return np.asarray(image if image.mode == "RGB" else image.convert("RGB"))
     array = np.asarray(image)
     if array.dtype != np.uint8:
         raise ValueError(f"image must be uint8 (0-255), got {array.dtype}: convert it, e.g. (x * 255).astype(np.uint8)")
@@ -141,8 +141,8 @@ class Canvas:
 
     def sample(self, values: np.ndarray, field: Field, *, mode: str = "bilinear",
                at: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
-        """A token map (h w or h w c, float32) resampled to the display: token values sit at their
-        receptive-field centres; 'bilinear' interpolates between them, 'nearest' shows each token's cell.
+        """A token map (h w or h w c, float32; or uint8 colours) resampled to the display: token values sit at
+        their receptive-field centres; 'bilinear' interpolates between them, 'nearest' shows each token's cell.
         `at` (rows, cols): only those display pixels, with the same values: index arrays of one shape, or
         slices (a rectangle, e.g. `seen_slices`; its resampling tables are kept)."""
         if mode not in ("bilinear", "nearest"):
@@ -158,7 +158,8 @@ class Canvas:
             else:
                 map_x, map_y = crop()
         flag = cv2.INTER_LINEAR if mode == "bilinear" else cv2.INTER_NEAREST
-        return cv2.remap(np.ascontiguousarray(values, np.float32), map_x, map_y, flag, borderMode=cv2.BORDER_REPLICATE)
+        values = np.ascontiguousarray(values, np.uint8 if values.dtype == np.uint8 else np.float32)
+        return cv2.remap(values, map_x, map_y, flag, borderMode=cv2.BORDER_REPLICATE)
 
     def token_at(self, point: tuple[float, float], field: Field) -> tuple[int, int] | None:
         """The token (i, j) of `field` whose receptive-field centre is nearest a display point (x, y),

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Sequence
 
 import cv2
@@ -29,12 +30,18 @@ class Ink:
 
     def text_size(self, text: str, scale: float = 1.0) -> tuple[int, int, int]:
         """(width, height above baseline, depth below) in px."""
-        (w, h), base = cv2.getTextSize(text, FONT, self.font_scale * scale, self.text)
-        return w, h, base
+        return _text_size(text, self.font_scale * scale, self.text)
 
     def line_height(self, scale: float = 1.0) -> int:
         _, h, base = self.text_size("Ag", scale)
         return int(round((h + base) * 1.35))
+
+
+@lru_cache(maxsize=4096)
+def _text_size(text: str, font_scale: float, stroke: int) -> tuple[int, int, int]:
+    # kept: a view measures the same few strings (tick values, 'Ag', captions) many times over
+    (w, h), base = cv2.getTextSize(text, FONT, font_scale, stroke)
+    return w, h, base
 
 
 def put_text(image: np.ndarray, text: str, org: tuple[float, float], ink: Ink, *, scale: float = 1.0,
@@ -126,11 +133,18 @@ def caption(image: np.ndarray, *, model: str, method: str, layer: int | str | No
             head: int | str | None = None, target: str | None = None, note: str | None = None) -> np.ndarray:
     """`image` with a caption strip *under* it (so clicks on the image keep their coordinates): the
     model, method, layer/head and target class in bold, an optional note in smaller type."""
-    ink = Ink.for_size(image.shape[:2])
-    width = image.shape[1]
+    title = caption_text(model=model, method=method, layer=layer, head=head, target=target)
+    return np.vstack([image, caption_strip(image.shape[:2], title, note)])
+
+
+@lru_cache(maxsize=64)
+def caption_strip(size: tuple[int, int], title: str, note: str | None = None) -> np.ndarray:
+    """The strip `caption` puts under an image of `size` (h, w), read-only: kept, since an export writes the same
+    captions under every photo of one size."""
+    ink = Ink.for_size(size)
+    width = size[1]
     margin = max(4, ink.line_height() // 3)
-    title = wrap(caption_text(model=model, method=method, layer=layer, head=head, target=target),
-                 width - 2 * margin, ink)
+    title = wrap(title, width - 2 * margin, ink)
     small = wrap(note, width - 2 * margin, ink, 0.85) if note else []
     height = margin * 2 + ink.line_height() * len(title) + ink.line_height(0.85) * len(small)
     strip = np.empty((height, width, 3), np.uint8)
@@ -140,7 +154,8 @@ def caption(image: np.ndarray, *, model: str, method: str, layer: int | str | No
         y += ink.line_height(scale)
         put_text(strip, line, (margin, y - ink.text_size("g", scale)[2] - ink.line_height(scale) * 0.15), ink,
                  scale=scale, color=color, outline=None)
-    return np.vstack([image, strip])
+    strip.flags.writeable = False
+    return strip
 
 
 def tile(images: Sequence[np.ndarray], *, cols: int, gap: int = 4, background=STRIP) -> np.ndarray:

@@ -73,13 +73,17 @@ def overlay(canvas: Canvas, token_map, *, field: Field | int | None = None, mode
     vmin = float(values.min()) if vmin is None else vmin
     vmax = float(values.max()) if vmax is None else vmax
     seen = canvas.seen_slices(field)   # colour is drawn only there: the rest is the shaded base
-    unit = normalise(canvas.sample(values, field, mode=mode, at=seen), vmin, vmax)
     image = np.ascontiguousarray(canvas.image[seen])
     if style == "heatmap":
         if not 0.0 <= alpha <= 1.0:
             raise ValueError(f"alpha must be in [0, 1], got {alpha}")
-        drawn = cv2.addWeighted(image, 1 - alpha, colorize(unit, cmap), alpha, 0)
+        if mode == "nearest":   # each pixel shows one token's value: colour the tokens, then sample the colours
+            colours = canvas.sample(colorize(normalise(values, vmin, vmax), cmap), field, mode=mode, at=seen)
+        else:
+            colours = colorize(normalise(canvas.sample(values, field, mode=mode, at=seen), vmin, vmax), cmap)
+        drawn = cv2.addWeighted(image, 1 - alpha, colours, alpha, 0)
     elif style == "mask":
+        unit = normalise(canvas.sample(values, field, mode=mode, at=seen), vmin, vmax)
         drawn = cv2.multiply(image, cv2.merge([unit] * 3), dtype=cv2.CV_8U)
     else:
         raise ValueError(f"style must be 'heatmap' or 'mask', not {style!r}")

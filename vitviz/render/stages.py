@@ -11,6 +11,7 @@ over the image, as in the paper.
 """
 from __future__ import annotations
 
+import cv2
 import numpy as np
 from einops import rearrange
 
@@ -74,7 +75,7 @@ def stage_pca(canvas: Canvas, features, *, stage: int, mode: str = "bilinear") -
     seen = canvas.seen_slices(field)   # a rectangle: sampled and written by slices, not through a mask
     rgb = canvas.sample(feature_pca(features), field, mode=mode, at=seen)
     out = canvas.shaded(field).copy()
-    out[seen] = np.round(rgb * 255).astype(np.uint8)
+    out[seen] = cv2.convertScaleAbs(rgb, alpha=255)   # rgb is in [0, 1]: one pass for np.round(rgb * 255)
     return out
 
 
