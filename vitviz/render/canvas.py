@@ -2,6 +2,7 @@
 the caches every view shares (shaded bases, resampling tables), built once per (image, transform, model)."""
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Sequence
 
 import cv2
@@ -107,7 +108,7 @@ class Canvas:
         slicing it is many times faster than masking with it."""
         def build():
             x0, y0, x1, y1 = self.frame.seen_box(field)
-            x, y = self._input_coords()
+            x, y = _input_coords(self.frame)
             rows, cols = np.flatnonzero((y >= y0) & (y < y1)), np.flatnonzero((x >= x0) & (x < x1))
             return tuple(slice(i[0], i[-1] + 1) if len(i) else slice(0, 0) for i in (rows, cols))
         # keyed by the seen box: CvT stages whose tokens read the same pixels share every drawing
@@ -149,14 +150,12 @@ class Canvas:
             raise ValueError(f"mode must be 'bilinear' or 'nearest', not {mode!r}")
         if values.shape[:2] != field.grid:
             raise ValueError(f"token map of shape {values.shape[:2]} does not match the grid {field.grid}")
-        map_x, map_y = self.cached(("remap", field), lambda: self._remap_tables(field))
-        if at is not None:
-            def crop():
-                return np.ascontiguousarray(map_x[at]), np.ascontiguousarray(map_y[at])
-            if all(isinstance(i, slice) for i in at):   # a rectangle: its cropped tables are kept
-                map_x, map_y = self.cached(("remap", field, *((i.start, i.stop, i.step) for i in at)), crop)
-            else:
-                map_x, map_y = crop()
+        if at is not None and all(isinstance(i, slice) for i in at):   # a rectangle: its cropped tables are kept
+            map_x, map_y = _remap_tables(self.frame, field, tuple((i.start, i.stop, i.step) for i in at))
+        else:
+            map_x, map_y = _remap_tables(self.frame, field)
+            if at is not None:
+                map_x, map_y = np.ascontiguousarray(map_x[at]), np.ascontiguousarray(map_y[at])
         flag = cv2.INTER_LINEAR if mode == "bilinear" else cv2.INTER_NEAREST
         values = np.ascontiguousarray(values, np.uint8 if values.dtype == np.uint8 else np.float32)
         return cv2.remap(values, map_x, map_y, flag, borderMode=cv2.BORDER_REPLICATE)
@@ -171,26 +170,37 @@ class Canvas:
         (gh, gw) = field.grid
         return int(np.clip(field.index(y), 0, gh - 1)), int(np.clip(field.index(x), 0, gw - 1))
 
-    def _input_coords(self) -> tuple[np.ndarray, np.ndarray]:
-        """Model-input x of each display column's centre, y of each row's centre."""
-        h, w = self.size
-        x, _ = self.frame.to_input(np.arange(w) + 0.5, 0.0)
-        _, y = self.frame.to_input(0.0, np.arange(h) + 0.5)
-        return np.asarray(x), np.asarray(y)
-
-    def _remap_tables(self, field: Field) -> tuple[np.ndarray, np.ndarray]:
-        x, y = self._input_coords()
-        # fractional token index: token k's centre is at stride*k + offset + size/2
-        u = ((x - field.offset - field.size / 2) / field.stride).astype(np.float32)
-        v = ((y - field.offset - field.size / 2) / field.stride).astype(np.float32)
-        h, w = self.size
-        return np.broadcast_to(u[None, :], (h, w)).copy(), np.broadcast_to(v[:, None], (h, w)).copy()
-
     def cached(self, key, build):
         """`build()`, computed once per key: for drawings that depend only on the image and the model."""
         if key not in self._cache:
             self._cache[key] = build()
         return self._cache[key]
+
+
+def _input_coords(frame: Frame) -> tuple[np.ndarray, np.ndarray]:
+    """Model-input x of each display column's centre, y of each row's centre."""
+    h, w = frame.display_size
+    x, _ = frame.to_input(np.arange(w) + 0.5, 0.0)
+    _, y = frame.to_input(0.0, np.arange(h) + 0.5)
+    return np.asarray(x), np.asarray(y)
+
+
+@lru_cache(maxsize=32)
+def _remap_tables(frame: Frame, field: Field, crop: tuple[tuple, tuple] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """cv2.remap's tables from display pixels to `field`'s fractional token index, for the whole display or its
+    `crop` ((start, stop, step) of rows and of columns), read-only: kept across canvases, since they depend on the
+    geometry alone (the same for every photo of one size through one model)."""
+    x, y = _input_coords(frame)
+    # fractional token index: token k's centre is at stride*k + offset + size/2
+    u = ((x - field.offset - field.size / 2) / field.stride).astype(np.float32)
+    v = ((y - field.offset - field.size / 2) / field.stride).astype(np.float32)
+    if crop is not None:
+        rows, cols = (slice(*c) for c in crop)
+        u, v = u[cols], v[rows]
+    tables = np.broadcast_to(u[None, :], (len(v), len(u))).copy(), np.broadcast_to(v[:, None], (len(v), len(u))).copy()
+    for table in tables:
+        table.flags.writeable = False
+    return tables
 
 
 def _resize(rgb: np.ndarray, size: tuple[int, int]) -> np.ndarray:

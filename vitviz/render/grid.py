@@ -14,6 +14,7 @@ from .overlay import mark_point
 
 KIND_NAMES = {"cls": "class token", "dist": "distillation token", "reg": "register"}
 GRID_DIM = 0.7     # the image is dimmed under grid drawings so lines and labels stand out
+DIM_TABLE = (np.arange(256) * GRID_DIM).astype(np.uint8)   # per value: one lookup per pixel, not a float product
 INSET_SIZE = 0.45  # magnified inset of small windows: this fraction of the view's shorter side
 
 
@@ -29,7 +30,7 @@ def _dimmed(canvas: Canvas, field: Field) -> np.ndarray:
     def build():
         out = canvas.shaded(field).copy()
         seen = canvas.seen_slices(field)
-        out[seen] = (out[seen] * GRID_DIM).astype(np.uint8)
+        out[seen] = cv2.LUT(out[seen], DIM_TABLE)
         return out
     return canvas.cached(("dimmed", canvas.frame.seen_box(field)), build)
 
@@ -192,13 +193,18 @@ def _draw_windows(out: np.ndarray, canvas: Canvas, field: Field, block, x0: floa
 
     def px(box):
         return tuple(int(round((v - o) * zoom)) for v, o in zip(box, (x0, y0, x0, y0)))
-    fill = out.copy()
-    for k, (i, j) in enumerate(block):
-        b = px(canvas.frame.box_to_display(field.box(i, j)))
-        cv2.rectangle(fill, b[:2], b[2:], HIGHLIGHTS[k], -1)
-    out[:] = cv2.addWeighted(fill, 0.2, out, 0.8, 0)
-    for k, (i, j) in enumerate(block):
-        b = px(canvas.frame.box_to_display(field.box(i, j)))
+    boxes = [px(canvas.frame.box_to_display(field.box(i, j))) for i, j in block]
+    # the fills blended inside the rectangle around them only: elsewhere the blend of a pixel with itself is itself
+    h, w = out.shape[:2]
+    left, top = max(0, min(b[0] for b in boxes)), max(0, min(b[1] for b in boxes))
+    right, bottom = min(w, max(b[2] for b in boxes) + 1), min(h, max(b[3] for b in boxes) + 1)
+    if right > left and bottom > top:
+        region = out[top:bottom, left:right]
+        fill = region.copy()
+        for k, b in enumerate(boxes):
+            cv2.rectangle(fill, (b[0] - left, b[1] - top), (b[2] - left, b[3] - top), HIGHLIGHTS[k], -1)
+        region[:] = cv2.addWeighted(fill, 0.2, region, 0.8, 0)
+    for k, ((i, j), b) in enumerate(zip(block, boxes)):
         cv2.rectangle(out, b[:2], b[2:], HIGHLIGHTS[k], ink.line, cv2.LINE_AA)
         x, y = canvas.frame.to_display(field.centre(j), field.centre(i))
         centre = px((float(x), float(y), 0.0, 0.0))[:2]
