@@ -15,6 +15,7 @@ from .captions import Ink
 from .geometry import MAX_SIDE, MIN_SIDE, Field, Frame, fields
 
 UNSEEN_DIM = 0.3      # brightness left where the model never looked
+UNSEEN_TABLE = (np.arange(256) * UNSEEN_DIM).astype(np.uint8)   # per value: one lookup per pixel
 HATCH_PERIOD = 10     # px between the diagonal hatch lines of that region, at a 512 px long side
 
 
@@ -125,14 +126,8 @@ class Canvas:
     def shaded(self, field: Field) -> np.ndarray:
         """The base image with what the model never saw darkened and hatched, outlined where it starts."""
         def build():
-            h, w = self.size
-            period = max(6, round(HATCH_PERIOD * max(h, w) / 512))
-            # diagonal lines: pixel (y, x) is on one where (x + y) % period is small, so row y is row 0 shifted by y
-            row = (np.arange(w + period) % period) < max(1, period // 5)
-            hatch = np.lib.stride_tricks.sliding_window_view(row, w)[np.arange(h) % period].view(np.uint8)
-            dark = (np.arange(256) * UNSEEN_DIM).astype(np.uint8)   # per-value tables: one lookup per pixel
-            out = cv2.LUT(self.image, dark)
-            cv2.copyTo(cv2.LUT(self.image, dark // 2 + 60), hatch, out)   # lighter lines, visible on any colour
+            out = cv2.LUT(self.image, UNSEEN_TABLE)
+            cv2.copyTo(cv2.LUT(self.image, UNSEEN_TABLE // 2 + 60), _hatch(self.size), out)   # lighter lines on any colour
             seen = self.seen_slices(field)
             out[seen] = self.image[seen]
             x0, y0, x1, y1 = self.frame.box_to_display(self.frame.seen_box(field))   # outline just outside
@@ -201,6 +196,18 @@ def _remap_tables(frame: Frame, field: Field, crop: tuple[tuple, tuple] | None =
     for table in tables:
         table.flags.writeable = False
     return tables
+
+
+@lru_cache(maxsize=8)
+def _hatch(size: tuple[int, int]) -> np.ndarray:
+    """h w uint8 mask of the diagonal hatch lines over what a model never saw, read-only (kept per display size)."""
+    h, w = size
+    period = max(6, round(HATCH_PERIOD * max(h, w) / 512))
+    # pixel (y, x) is on a line where (x + y) % period is small, so row y is row 0 shifted by y
+    row = (np.arange(w + period) % period) < max(1, period // 5)
+    hatch = np.ascontiguousarray(np.lib.stride_tricks.sliding_window_view(row, w)[np.arange(h) % period].view(np.uint8))
+    hatch.flags.writeable = False
+    return hatch
 
 
 def _resize(rgb: np.ndarray, size: tuple[int, int]) -> np.ndarray:

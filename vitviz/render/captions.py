@@ -77,11 +77,19 @@ def text_box(image: np.ndarray, lines: Sequence[str], ink: Ink, *, avoid: Sequen
     else:
         x0, y0, x1, y1 = place(size, image.shape[:2], avoid=avoid)
     region = image[y0:y1, x0:x1]
-    region[:] = (region * (1 - opacity) + np.array(STRIP) * opacity).astype(np.uint8)
+    if region.size:
+        region[:] = cv2.LUT(region, _box_shade(opacity))
     for k, line in enumerate(lines):
         put_text(image, line, (x0 + pad, y0 + pad + lh * k + ink.text_size("A", scale)[1]), ink, scale=scale,
                  outline=None)
     return x0, y0, x1, y1
+
+
+@lru_cache(maxsize=8)
+def _box_shade(opacity: float) -> np.ndarray:
+    """256 1 3 uint8: each value v of each channel -> v * (1 - opacity) + STRIP's value * opacity, truncated (a box's
+    shading as a table lookup, not a float product per pixel)."""
+    return (np.arange(256)[:, None] * (1 - opacity) + np.array(STRIP) * opacity).astype(np.uint8)[:, None]
 
 
 def tooltip(size: tuple[int, int], image_size: tuple[int, int], near: Box, *, gap: int) -> Box:
