@@ -12,6 +12,7 @@ larger) so that every view is drawn in one frame: the original image's, scaled.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Sequence
 
 import numpy as np
@@ -125,6 +126,7 @@ class Frame:
         (x0, x1), (y0, y1) = self.to_display(np.array(box[0::2]), np.array(box[1::2]))
         return float(x0), float(y0), float(x1), float(y1)
 
+    @lru_cache(maxsize=256)   # a key of the canvases' caches: asked for by every view
     def seen_box(self, field: Field) -> tuple[float, float, float, float]:
         """(x0, y0, x1, y1), input pixels: the part of the input some token of `field` reads (the crop,
         less any remainder a patchify without padding drops)."""

@@ -39,11 +39,6 @@ def _box(canvas: Canvas, field: Field, i: int, j: int) -> tuple[int, int, int, i
     return tuple(int(round(v)) for v in canvas.frame.box_to_display(field.box(i, j)))
 
 
-def _centre(canvas: Canvas, field: Field, i: int, j: int) -> tuple[int, int]:
-    x, y = canvas.frame.to_display(field.centre(j), field.centre(i))
-    return int(round(float(x))), int(round(float(y)))
-
-
 def patch_grid(canvas: Canvas, *, prefix_kinds: tuple[str, ...] = (), stage: int = 0,
                point: tuple[float, float] | None = None) -> np.ndarray:
     """A ViT's non-overlapping patches on the image, each labelled with its index in the token sequence
@@ -75,10 +70,11 @@ def _draw_patch_grid(canvas: Canvas, field: Field, prefix_kinds: tuple[str, ...]
     widest = str(len(prefix_kinds) + gh * gw - 1)
     scale = float(np.clip(0.8 * cell / ink.text_size(widest)[0], 0.6, 1.2))
     every = max(1, math.ceil((ink.text_size(widest, scale)[0] + 4) / cell))
+    centres_x, centres_y = canvas.frame.to_display(field.centre(np.arange(gw)), field.centre(np.arange(gh)))
     for i in range(0, gh, every):
         for j in range(0, gw, every):
-            put_text(out, str(len(prefix_kinds) + i * gw + j), _centre(canvas, field, i, j), ink, scale=scale,
-                     anchor="centre")
+            centre = int(round(float(centres_x[j]))), int(round(float(centres_y[i])))
+            put_text(out, str(len(prefix_kinds) + i * gw + j), centre, ink, scale=scale, anchor="centre")
     return out
 
 
