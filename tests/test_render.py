@@ -323,6 +323,20 @@ def test_colour_bar_runs_from_vmax_at_the_top_to_vmin_at_the_bottom():
     assert np.abs(top - lut[-1]).max() <= 3 and np.abs(bottom - lut[0]).max() <= 3
 
 
+def test_shipped_colour_maps_are_matplotlibs_tables_and_other_names_still_come_from_matplotlib():
+    from vitviz.render.overlay import SHIPPED_CMAPS, colormap
+    with np.load(SHIPPED_CMAPS) as shipped:
+        names = shipped.files
+    assert {render.DEFAULT_CMAP, render.SIGNED_CMAP, "viridis", "turbo", "magma"} <= set(names)
+    for name in names:
+        lut = np.round(colormaps[name].resampled(256)(np.arange(256))[:, :3] * 255).astype(np.uint8)
+        assert np.array_equal(colormap(name), lut), name
+    plasma = np.round(colormaps["plasma"].resampled(256)(np.arange(256))[:, :3] * 255).astype(np.uint8)
+    assert "plasma" not in names and np.array_equal(colormap("plasma"), plasma)
+    with pytest.raises(ValueError, match="unknown colour map 'no-such-map'"):
+        colormap("no-such-map")
+
+
 def test_shared_scale_spans_every_map_and_per_uniform_has_mean_one():
     a, b = np.array([[0.0, 2.0]]), torch.tensor([[1.0, 5.0]])
     assert render.shared_scale(a, b) == (0.0, 5.0)

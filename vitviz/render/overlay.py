@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from functools import lru_cache
+from pathlib import Path
 
 import cv2
 import numpy as np
@@ -14,10 +15,25 @@ DEFAULT_CMAP = "inferno"   # perceptually uniform and colour-blind safe, like vi
 SIGNED_CMAP = "bwr"        # for maps with a sign (relevance): red for, blue against, white at 0 (LRP's convention)
 
 
+# matplotlib's tables of the maps vitviz draws with and offers, shipped so that drawing needs no matplotlib (a third
+# of a second to import, in every process that draws); tests/test_render.py checks them against matplotlib, and
+# `np.savez_compressed(SHIPPED_CMAPS, **{name: matplotlib_colormap(name) for name in NAMES})` wrote them, NAMES
+# inferno viridis cividis magma turbo bwr
+SHIPPED_CMAPS = Path(__file__).with_name("colormaps.npz")
+
+
 @lru_cache(maxsize=16)
 def colormap(name: str) -> np.ndarray:
-    """256 x 3 uint8 lookup table of a matplotlib colour map ('viridis', 'inferno', 'turbo', ...)."""
-    from matplotlib import colormaps   # read once per map (cached): the import is kept off the app's start
+    """256 x 3 uint8 lookup table of a matplotlib colour map ('viridis', 'inferno', 'turbo', ...): a shipped one
+    (`SHIPPED_CMAPS`), else matplotlib's."""
+    with np.load(SHIPPED_CMAPS) as shipped:
+        lut = shipped[name] if name in shipped.files else matplotlib_colormap(name)
+    lut.flags.writeable = False   # one table for every caller
+    return lut
+
+
+def matplotlib_colormap(name: str) -> np.ndarray:
+    from matplotlib import colormaps   # only for a map vitviz does not ship
     if name not in colormaps:
         raise ValueError(f"unknown colour map {name!r}: try 'inferno', 'viridis', 'cividis' or 'turbo'")
     lut = colormaps[name].resampled(256)(np.arange(256))[:, :3]
