@@ -211,8 +211,13 @@ def _hatch(size: tuple[int, int]) -> np.ndarray:
 
 
 def _resize(rgb: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """The display-size picture, read-only (views copy what they draw on): at the display size already, the pixels
+    themselves, unless they are an array the caller may still change."""
     h, w = size
     if (h, w) == rgb.shape[:2]:
-        return rgb.copy()
-    shrink = h * w < rgb.shape[0] * rgb.shape[1]
-    return cv2.resize(rgb, (w, h), interpolation=cv2.INTER_AREA if shrink else cv2.INTER_CUBIC)
+        out = rgb.copy() if rgb.flags.writeable else rgb
+    else:
+        shrink = h * w < rgb.shape[0] * rgb.shape[1]
+        out = cv2.resize(rgb, (w, h), interpolation=cv2.INTER_AREA if shrink else cv2.INTER_CUBIC)
+    out.flags.writeable = False
+    return out
