@@ -436,8 +436,9 @@ def test_residual_patching_matches_forward_hooks_on_timms_blocks():
                 x[:, 4 * i:4 * i + 4, 4 * j:4 * j + 4] = clean_inputs[l][:, 4 * i:4 * i + 4, 4 * j:4 * j + 4]
                 return x
             expected = reference_effect(lambda: reference(corrupted), m, replaced_input(block, replace))
-            # float32 through six blocks of windows, divided by the metric's difference: 2e-5
-            assert abs(float(result.grid[l][i, j]) - expected) <= 2e-5 * max(1.0, abs(expected)), f"block {l}, {i, j}"
+            # float32 through six blocks of windows (fused attention kernels on both sides, summing in their own
+            # orders), divided by the metric's difference: 5e-5
+            assert abs(float(result.grid[l][i, j]) - expected) <= 5e-5 * max(1.0, abs(expected)), f"block {l}, {i, j}"
 
 
 def test_head_patching_matches_forward_hooks_on_timms_output_projection():

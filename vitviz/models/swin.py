@@ -139,10 +139,16 @@ class WindowAttention(nn.Module):
         bias = self.position_bias(window).to(x.dtype)   # h t t
         if masked is not None:
             bias = bias.masked_fill(masked[:, None], float("-inf"))   # nw h t t: every query keeps its own key
-        # on a CPU the explicit product is faster than scaled_dot_product_attention with a mask of windows
-        attn = (q * self.scale @ k.transpose(-2, -1) + bias).softmax(dim=-1)   # b nw h t t
-        out = attn @ v
-        return self.proj(rearrange(out, 'b nw h t d -> b nw t (h d)')), attn if return_attn else None
+        if return_attn:
+            attn = (q * self.scale @ k.transpose(-2, -1) + bias).softmax(dim=-1)   # b nw h t t
+            out = attn @ v
+        else:   # the fused kernel, its mask written out per window: a broadcast mask takes a CPU's slow path
+            b, nw, h, t, d = q.shape
+            mask = bias.expand(b, nw, h, t, t).reshape(b * nw, h, t, t)
+            q, k, v = (rearrange(y, 'b nw h t d -> (b nw) h t d') for y in (q, k, v))
+            attn, out = None, rearrange(F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale),
+                                        '(b nw) h t d -> b nw h t d', b=b)
+        return self.proj(rearrange(out, 'b nw h t d -> b nw t (h d)')), attn
 
     def values(self, x: Tensor) -> Tensor:
         """b nw t c -> b nw h t d: the values alone, as forward computes them (for decompositions)."""
