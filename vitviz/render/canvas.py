@@ -180,7 +180,7 @@ def _input_coords(frame: Frame) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(x), np.asarray(y)
 
 
-@lru_cache(maxsize=32)
+@lru_cache(maxsize=16)   # at most 16 x 2 tables of a 768 px display: 56 MB, kept in a long-running app
 def _remap_tables(frame: Frame, field: Field, crop: tuple[tuple, tuple] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """cv2.remap's tables from display pixels to `field`'s fractional token index, for the whole display or its
     `crop` ((start, stop, step) of rows and of columns), read-only: kept across canvases, since they depend on the
