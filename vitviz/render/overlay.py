@@ -15,10 +15,10 @@ DEFAULT_CMAP = "inferno"   # perceptually uniform and colour-blind safe, like vi
 SIGNED_CMAP = "bwr"        # for maps with a sign (relevance): red for, blue against, white at 0 (LRP's convention)
 
 
-# matplotlib's tables of the maps vitviz draws with and offers, shipped so that drawing needs no matplotlib (a third
-# of a second to import, in every process that draws); tests/test_render.py checks them against matplotlib, and
-# `np.savez_compressed(SHIPPED_CMAPS, **{name: matplotlib_colormap(name) for name in NAMES})` wrote them, NAMES
-# inferno viridis cividis magma turbo bwr
+# matplotlib's tables of the maps vitviz draws with and offers (inferno, viridis, cividis, magma, turbo, bwr), shipped
+# so that drawing needs no matplotlib (a third of a second to import, in every process that draws): written by
+# `np.savez_compressed(SHIPPED_CMAPS, **{name: matplotlib_colormap(name) for name in those})`, checked against
+# matplotlib by tests/test_render.py
 SHIPPED_CMAPS = Path(__file__).with_name("colormaps.npz")
 
 
@@ -44,7 +44,8 @@ def normalise(values: np.ndarray, vmin: float, vmax: float) -> np.ndarray:
     """values -> [0, 1] on the scale [vmin, vmax] (clipped); a flat scale gives 0.5 everywhere."""
     if vmax <= vmin:
         return np.full_like(values, 0.5, dtype=np.float32)
-    unit = np.subtract(values, vmin)   # in place from here (a view's map is a megabyte), the same numbers
+    # in place from here (a view's map is a megabyte), in the type `(values - vmin) / (vmax - vmin)` would have
+    unit = np.subtract(values, vmin, dtype=np.result_type(values, vmin, vmax, np.float32))
     np.divide(unit, vmax - vmin, out=unit)
     return np.clip(unit, 0.0, 1.0, out=unit).astype(np.float32, copy=False)
 
