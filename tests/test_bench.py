@@ -49,7 +49,7 @@ EXPECTED = {   # line start -> the rest of it; one line each
     "compare 32 images, stand-ins for the bundled pair (micro, random weights: checkpoints/ not trained yet), "
     "tokens=mean": rf": vitviz {TIMES}, its traced forwards {TIMES}, {RATIO}$",
     "compare 32 images, stand-ins for the bundled pair (micro, random weights: checkpoints/ not trained yet), "
-    "tokens=flat": rf": vitviz {TIMES}, pytorch-cka compute_cka {TIMES}, {RATIO}$",
+    "tokens=flat": rf": vitviz {TIMES}, pytorch-cka compute_cka on timm's ViT and vitviz's CvT {TIMES}, {RATIO}$",
     **{f"clip image features b{b} ViT-B-16-quickgelu": rf": vitviz {TIMES}, open_clip encode_image {TIMES}, {RATIO}$"
        for b in (1, 8)},
     **{f"decide attribution b1 {name}": rf": trace \+ direct logit attribution \+ token effects {TIMES}, traced forward "
