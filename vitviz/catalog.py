@@ -105,7 +105,7 @@ CATALOG: dict[str, CatalogEntry] = {e.name: e for e in [
                  "vitviz's own Swin (patch 2, 4x4 shifted windows), 32 px CIFAR-10 (bundled, works offline)",
                  bundled=True),
     CatalogEntry("resnet-cifar10", "resnet-cifar10", "resnet",
-                 "vitviz's own ResNet-20 (He et al.'s CIFAR design), 32 px CIFAR-10 (bundled, works offline)",
+                 "vitviz's own wide ResNet-14 (He et al.'s CIFAR design), 32 px CIFAR-10 (bundled, works offline)",
                  bundled=True),
 ]}
 
