@@ -25,9 +25,9 @@ except ImportError:
 from vitviz import catalog, hub  # noqa: E402
 from vitviz.export import drawing_threads  # noqa: E402
 from vitviz.image import MAX_UPLOAD_BYTES  # noqa: E402
-from vitviz.video import APP_MAX_BYTES as MAX_VIDEO_BYTES  # noqa: E402
 from vitviz.session import MODEL_GATE  # noqa: E402
 from vitviz.ui import build, gpu, serving  # noqa: E402
+from vitviz.video import APP_MAX_BYTES as MAX_VIDEO_BYTES  # noqa: E402
 
 
 def default_pair(vit: str | None, cvt: str | None) -> tuple[str, str, str]:

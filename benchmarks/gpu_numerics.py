@@ -30,16 +30,15 @@ import torch
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "benchmarks")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks")]
 
-from bench import CVT_13_PROCESSOR  # noqa: E402
 from test_models import CVT_STD, VIT_STD, cvt_pair, perturb_, vit_config_of  # noqa: E402
-
 from vitviz import session  # noqa: E402
 from vitviz.explain import METHODS  # noqa: E402
 from vitviz.hub import LoadedModel, Source  # noqa: E402
 from vitviz.models import ViT, load_weights  # noqa: E402
 from vitviz.preprocess import Transform  # noqa: E402
+from workbench import CVT_13_PROCESSOR  # noqa: E402
 
 DEVICE = torch.device(os.environ.get("VITVIZ_NUMERICS_DEVICE", "cuda"))
 PHOTO = ROOT / "assets" / "cat_chelsea.jpg"

@@ -41,8 +41,8 @@ class AppServer:
 
 def launch(tmp: Path, *args: str, env: dict | None = None, timeout: float = 180,
            script: Path = ROOT / "app.py") -> AppServer:
-    """`python app.py ARGS` (or another `script` that runs it) on a free port; returns once the page is served (or raises with the log), within
-    0.05 s of it: the cold-start benchmark times the first page by this return.
+    """`python app.py ARGS` (or another `script` that runs it) on a free port; returns once the page is served
+    (or raises with the log), within 0.05 s of it: the cold-start benchmark times the first page by this return.
     `env` adds to or overrides the environment; a None value removes that variable (HF_HUB_OFFLINE: None
     lets the app reach the Hub that HF_ENDPOINT names)."""
     port = free_port()

@@ -50,6 +50,7 @@ def one_torch_thread():
 def own_caches(tmp_path, monkeypatch):
     """A fresh HF cache folder (huggingface_hub reads HF_HUB_CACHE at each call) and no loaded models."""
     from huggingface_hub import constants
+
     from vitviz import hub
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
     hub.clear_cache()

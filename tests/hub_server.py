@@ -246,6 +246,7 @@ def timm_checkpoint(folder: Path, name: str, *, weights: str = "safetensors", se
     import timm
     import torch
     from timm.models import save_for_hf
+
     from test_models import VIT_STD, perturb_
 
     torch.manual_seed(seed)
@@ -262,6 +263,7 @@ def cvt_checkpoint(folder: Path, *, size: int = 224, weights: str = "safetensors
     as microsoft/cvt-21 has. Returns the transformers model."""
     import torch
     from transformers import CvtConfig, CvtForImageClassification
+
     from test_models import CVT_STD, perturb_
 
     labels = labels or [f"thing {i}" for i in range(5)]
@@ -283,6 +285,7 @@ def transformers_checkpoint(folder: Path, model_cls, config, *, processor: dict 
     """transformers' `save_pretrained` layout of `model_cls(config)` with perturbed weights and BatchNorm
     statistics, and a preprocessor_config.json if given. Returns the model, reloaded from the folder."""
     import torch
+
     from test_models import perturb_
 
     torch.manual_seed(seed)
@@ -318,6 +321,7 @@ def pickle_with_code(path: Path, marker: Path, state_dict: dict, *, zipped: bool
     """A pytorch_model.bin that is a real state dict plus one object whose unpickling runs code:
     torch.save's zip format, or (zipped=False) a bare pickle, as torch.save's old format begins."""
     import pickle
+
     import torch
     payload = {**state_dict, "payload": CodeInPickle(marker)}
     torch.save(payload, path) if zipped else Path(path).write_bytes(pickle.dumps(payload))

@@ -17,8 +17,8 @@ from PIL import Image
 import app
 import vitviz
 from hub_server import closed_port_url
-from vitviz.ui import anatomy, attention, classes, download, features, gpu, page, shared, tokens
 from tests.app_server import launch
+from vitviz.ui import anatomy, attention, classes, download, features, gpu, page, shared, tokens
 
 ROOT = Path(__file__).resolve().parents[1]
 PHOTO = ROOT / "assets" / "cat_chelsea.jpg"
@@ -367,6 +367,7 @@ def test_the_faithfulness_tab_shows_the_bundled_models_leaderboard_from_a_real_c
 
 def test_every_class_explaining_method_answers_for_both_bundled_models_from_a_real_client(client):
     from gradio_client import handle_file
+
     from vitviz.explain import METHODS
     client.predict(handle_file(str(PHOTO)), *PAIR, api_name="/explain")
     for method in (m.name for m in METHODS.values() if m.targeted):

@@ -23,8 +23,8 @@ EXPECTED = {   # line start -> the rest of it; one line each
        for pair in ("ImageNet pair", "stand-ins")},
     **{f"app re-render ({action}), {pair}": rf": {TIMES} vs request [\d.]+ ms, {RATIO}$"
        for pair in ("ImageNet pair", "stand-ins") for action in ("layer/head slider", "colour map")},
-    **{f"cold start python app.py, {pair}": rf": first page [\d.]+ s, first answered request [\d.]+ s \(the client's connection "
-                                            rf"to the page [\d.]+ s of it\), warm requests "
+    **{f"cold start python app.py, {pair}": rf": first page [\d.]+ s, first answered request [\d.]+ s "
+                                            rf"\(the client's connection to the page [\d.]+ s of it\), warm requests "
                                             rf"{TIMES}, \(first answer - first page\) / warm request {RATIO}; floor: "
                                             rf"import gradio, torch and both models loaded in a fresh process [\d.]+ s "
                                             rf"\+ one warm request = [\d.]+ s, first answer / floor {RATIO}$"
@@ -52,11 +52,12 @@ EXPECTED = {   # line start -> the rest of it; one line each
     "tokens=flat": rf": vitviz {TIMES}, pytorch-cka compute_cka on timm's ViT and vitviz's CvT {TIMES}, {RATIO}$",
     **{f"clip image features b{b} ViT-B-16-quickgelu": rf": vitviz {TIMES}, open_clip encode_image {TIMES}, {RATIO}$"
        for b in (1, 8)},
-    **{f"decide attribution b1 {name}": rf": trace \+ direct logit attribution \+ token effects {TIMES}, traced forward "
-                                       rf"{TIMES}, {RATIO}$" for name in ("vit_base_patch16_224", "CvT-13")},
-    "decide patching resid ViT-Ti/16 112 px": rf", \d+ patched images in \d+ forwards of <= 64: vitviz {TIMES}, floor "
-                                              rf"{TIMES}, {RATIO}; timm forward hooks one position per forward {TIMES}, "
-                                              rf"{RATIO}$",
+    **{f"decide attribution b1 {name}": rf": trace \+ direct logit attribution \+ token effects {TIMES}, "
+                                       rf"traced forward {TIMES}, {RATIO}$"
+       for name in ("vit_base_patch16_224", "CvT-13")},
+    "decide patching resid ViT-Ti/16 112 px": rf", \d+ patched images in \d+ forwards of <= 64: vitviz {TIMES}, "
+                                              rf"floor {TIMES}, {RATIO}; timm forward hooks one position per forward "
+                                              rf"{TIMES}, {RATIO}$",
     "clip text features 8 prompts ViT-B-16-quickgelu": rf": vitviz {TIMES}, open_clip encode_text {TIMES}, {RATIO}$",
     "clip legrad 1 image x 3 prompts ViT-B-16-quickgelu": rf": vitviz {TIMES}, legrad_torch's algorithm {TIMES}, "
                                                           rf"{RATIO}$",

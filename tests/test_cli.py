@@ -122,7 +122,8 @@ def test_every_exported_png_is_the_picture_the_app_draws_for_the_same_request(tm
     tab's picture with the words the page prints beside it written on it (inside one box) and the caption under it."""
     from vitviz.ui import features, page, tokens
     photo = ROOT / "assets" / "horse.jpg"
-    assert cli.main(["explain", str(photo), "--models", *MODELS, "--out", str(tmp_path), "--faithfulness-steps", "0"]) == 0
+    assert cli.main(["explain", str(photo), "--models", *MODELS, "--out", str(tmp_path),
+                     "--faithfulness-steps", "0"]) == 0
     answer = page.explain({"path": str(photo)}, *MODELS, progress=lambda *a, **k: None)
     grids = tokens.render_tokens(answer.key)
     entry = json.loads((tmp_path / MANIFEST).read_text())["images"][0]
@@ -130,15 +131,16 @@ def test_every_exported_png_is_the_picture_the_app_draws_for_the_same_request(tm
                                                               features.render_stages(answer.key),
                                                               (grids.grid_a, grids.grid_b)):
         folder = tmp_path / "horse" / safe_name(model["model"])
-        png = lambda name: np.asarray(Image.open(folder / name))
         drawn = {"rollout.png": first_screen}
         for k in range(len(grid_pictures)):
-            drawn[f"stage-{k + 1}-pca.png"], drawn[f"stage-{k + 1}-norm.png"] = stage_views[2 * k], stage_views[2 * k + 1]
-        assert {p.name for p in folder.glob("*.png")} == set(drawn) | {f"grid-{k + 1}.png" for k in range(len(grid_pictures))}
+            drawn[f"stage-{k + 1}-pca.png"] = stage_views[2 * k]
+            drawn[f"stage-{k + 1}-norm.png"] = stage_views[2 * k + 1]
+        grid_names = {f"grid-{k + 1}.png" for k in range(len(grid_pictures))}
+        assert {p.name for p in folder.glob("*.png")} == set(drawn) | grid_names
         for name, view in drawn.items():
-            assert np.array_equal(png(name), view), f"{model['model']} {name}"
+            assert np.array_equal(np.asarray(Image.open(folder / name)), view), f"{model['model']} {name}"
         for k, picture in enumerate(grid_pictures):
-            exported = png(f"grid-{k + 1}.png")
+            exported = np.asarray(Image.open(folder / f"grid-{k + 1}.png"))
             assert exported.shape[1:] == picture.shape[1:] and exported.shape[0] > picture.shape[0]   # + the caption
             rows, cols = np.nonzero((exported[:picture.shape[0]] != picture).any(axis=2))
             if len(rows):   # the words, in one box of at most a fifth of the picture

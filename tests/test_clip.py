@@ -29,11 +29,10 @@ from test_explain import spearman
 from test_models import VIT_STD, perturb_
 from vitviz import catalog, explain
 from vitviz.__main__ import main as cli
-
-PHOTO = Path(__file__).resolve().parents[1] / "assets" / "cat_chelsea.jpg"
 from vitviz.hub import LoadError, Source
 from vitviz.preprocess import PROMPT_TEMPLATE, prompts_from_text
 
+PHOTO = Path(__file__).resolve().parents[1] / "assets" / "cat_chelsea.jpg"
 TOL = 1e-5
 TINY = {"embed_dim": 32,
         "vision_cfg": {"image_size": 64, "layers": 3, "width": 48, "patch_size": 16, "head_width": 16},

@@ -11,15 +11,26 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file
 from timm.data import create_transform, resolve_data_config
-from transformers import ConvNextConfig as HFConvNextConfig, ConvNextForImageClassification
-from transformers import ResNetConfig as HFResNetConfig, ResNetForImageClassification
+from transformers import (
+    ConvNextConfig as HFConvNextConfig,
+    ConvNextForImageClassification,
+    ResNetConfig as HFResNetConfig,
+    ResNetForImageClassification,
+)
 from transformers.models.convnext.image_processing_pil_convnext import ConvNextImageProcessorPil
 
 import vitviz
 from hub_server import cvt_processor_config, files_of, timm_checkpoint, transformers_checkpoint
 from test_models import assert_max_abs, perturb_
-from vitviz.models import ConvNeXt, ConvNeXtConfig, ResNet, ResNetConfig, load_weights
-from vitviz.models import convnext as convnext_module, resnet as resnet_module
+from vitviz.models import (
+    ConvNeXt,
+    ConvNeXtConfig,
+    ResNet,
+    ResNetConfig,
+    convnext as convnext_module,
+    load_weights,
+    resnet as resnet_module,
+)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -103,11 +114,13 @@ def test_timm_checkpoints_load_with_timms_logits_and_preprocessing(hub, tmp_path
 @pytest.mark.usefixtures("own_caches")
 def test_transformers_checkpoints_load_with_their_processor_and_labels(hub, tmp_path, photo, kind):
     labels = {0: "tabby", 1: "beagle", 2: "ship"}
-    model_cls, config = ((ResNetForImageClassification, HFResNetConfig(depths=[1, 1, 1, 1], hidden_sizes=[32, 48, 64, 80],
+    model_cls, config = ((ResNetForImageClassification, HFResNetConfig(depths=[1, 1, 1, 1],
+                                                                       hidden_sizes=[32, 48, 64, 80],
                                                                        embedding_size=16, id2label=labels))
                          if kind == "resnet" else
                          (ConvNextForImageClassification, HFConvNextConfig(depths=[1, 1, 1, 1],
-                                                                           hidden_sizes=[16, 24, 32, 40], id2label=labels)))
+                                                                           hidden_sizes=[16, 24, 32, 40],
+                                                                           id2label=labels)))
     reference = transformers_checkpoint(tmp_path, model_cls, config, processor=cvt_processor_config(224))
     hub.publish(f"test/hf-{kind}", files_of(tmp_path))
     loaded = vitviz.load(f"test/hf-{kind}", device="cpu")
@@ -240,15 +253,17 @@ def test_resnet_residual_patching_matches_forward_hooks_on_timms_blocks():
         reference(clean)
     result = explain.patch_activations(ours, clean, corrupted, site="resid", group=2)
     m = result.metric
-    for l, block in enumerate(blocks):
-        h, w = clean_inputs[l].shape[-2:]
+    for layer, block in enumerate(blocks):
+        h, w = clean_inputs[layer].shape[-2:]
         for i in range(-(-h // 2)):
             for j in range(-(-w // 2)):
-                def replace(x, i=i, j=j, l=l):
-                    x[..., 2 * i:2 * i + 2, 2 * j:2 * j + 2] = clean_inputs[l][..., 2 * i:2 * i + 2, 2 * j:2 * j + 2]
+                square = (..., slice(2 * i, 2 * i + 2), slice(2 * j, 2 * j + 2))
+
+                def replace(x, square=square, clean=clean_inputs[layer]):
+                    x[square] = clean[square]
                     return x
                 expected = reference_effect(lambda: reference(corrupted), m, replaced_input(block, replace))
-                assert abs(float(result.grid[l][i, j]) - expected) <= 1e-5, f"block {l}, square {i, j}"
+                assert abs(float(result.grid[layer][i, j]) - expected) <= 1e-5, f"block {layer}, square {i, j}"
     with pytest.raises(explain.NoAttention):
         explain.patch_activations(ours, clean, corrupted, site="head")
 

@@ -1,6 +1,7 @@
 """`vitviz.compare`: CKA against Kornblith's published numbers, the estimators' invariances, minibatch CKA
 against the formula written out, every layer against pytorch-cka 1.1.3 on timm's and transformers' models,
-torchrun against one process, the command line, and the published result against the README."""
+torchrun against one process, the command line, and the published result against the documentation's
+comparing page (docs/comparing.md)."""
 from __future__ import annotations
 
 import json
@@ -13,26 +14,26 @@ import timm
 import torch
 from PIL import Image
 
-from test_evaluate import jpeg, micro_models, run, write_npz  # noqa: F401 (fixtures)
-from test_models import cvt_pair, perturb_, transformers_cvt, vit_config_of, VIT_STD
-from vitviz import __main__ as cli
-from vitviz import catalog
-from vitviz import compare as cmp
+import test_evaluate
+from test_evaluate import jpeg, run, write_npz
+from test_models import VIT_STD, cvt_pair, perturb_, transformers_cvt, vit_config_of
+from vitviz import __main__ as cli, catalog, compare as cmp
 from vitviz.models import ViT, load_weights
 
 ROOT = Path(__file__).resolve().parents[1]
+micro_models = test_evaluate.micro_models   # its fixture, shared: pytest collects fixtures from module attributes
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def song_hsic(x: np.ndarray, y: np.ndarray) -> float:
     """HSIC_1 of Song et al. (2012), eq. 5, written out: Gram matrices with zero diagonals, three terms."""
-    k, l = x @ x.T, y @ y.T
-    np.fill_diagonal(k, 0)
-    np.fill_diagonal(l, 0)
+    gram_x, gram_y = x @ x.T, y @ y.T
+    np.fill_diagonal(gram_x, 0)
+    np.fill_diagonal(gram_y, 0)
     n, one = len(x), np.ones(len(x))
-    return (np.trace(k @ l) + one @ k @ one * (one @ l @ one) / ((n - 1) * (n - 2))
-            - 2 / (n - 2) * one @ k @ l @ one) / (n * (n - 3))
+    return (np.trace(gram_x @ gram_y) + one @ gram_x @ one * (one @ gram_y @ one) / ((n - 1) * (n - 2))
+            - 2 / (n - 2) * one @ gram_x @ gram_y @ one) / (n * (n - 3))
 
 
 def kornblith_demo() -> tuple[np.ndarray, np.ndarray]:
@@ -91,8 +92,8 @@ def test_float32_gram_matrices_of_centred_features_keep_what_uncentred_ones_lose
     y = (x[:, :300] + rng.standard_normal((64, 300)) + 40).astype(np.float32)
     reference = cmp.cka(x.astype(np.float64), y.astype(np.float64))
     assert abs(cmp.cka(x, y) - reference) < 1e-7
-    k, l = ((torch.tensor(a) @ torch.tensor(a).T).double() for a in (x, y))   # float32 products, uncentred
-    uncentred = float(cmp.hsic(k, l) / (cmp.hsic(k, k) * cmp.hsic(l, l)).sqrt())
+    gram_x, gram_y = ((torch.tensor(a) @ torch.tensor(a).T).double() for a in (x, y))   # float32 products, uncentred
+    uncentred = float(cmp.hsic(gram_x, gram_y) / (cmp.hsic(gram_x, gram_x) * cmp.hsic(gram_y, gram_y)).sqrt())
     assert abs(uncentred - reference) > 100 * abs(cmp.cka(x, y) - reference)
 
 
@@ -281,11 +282,11 @@ def test_tokens_cls_needs_a_class_token():
 
 # ---- the published result ------------------------------------------------------------------------------------
 
-def test_the_readme_shows_the_shipped_comparisons_of_the_bundled_models():
+def test_the_comparing_page_shows_the_shipped_comparisons_of_the_bundled_models():
     """Each shipped pair over 1,000 CIFAR-10 test images, tokens mean (and cls where both models have a class
-    token): the files are there, small, what `compare` writes, and the README's tables are the tables those
+    token): the files are there, small, what `compare` writes, and docs/comparing.md's tables are the tables those
     files give; either order of a pair reads the same result."""
-    readme = (ROOT / "README.md").read_text()
+    page = (ROOT / "docs" / "comparing.md").read_text()
     for names, folder in cmp.PUBLISHED.items():
         has_cls = all(catalog.CATALOG[n].family in ("vit", "cvt") for n in names)
         assert sorted(p.name for p in folder.iterdir()) == (["cls", "mean"] if has_cls else ["mean"]), folder
@@ -296,18 +297,18 @@ def test_the_readme_shows_the_shipped_comparisons_of_the_bundled_models():
             assert Path(summary["data"]["name"]).name == "cifar10_jpeg.npz" and summary["data"]["limit"] == 1000
             result = cmp.published(names, tokens=tokens)
             assert result.images == 1000 and list(result.layers_a) == summary["layers"]["a"]
-            assert cmp.markdown(result, names).strip() in readme, (names, tokens)
+            assert cmp.markdown(result, names).strip() in page, (names, tokens)
             for name in summary["files"]:
                 assert (folder / tokens / name).stat().st_size < 200_000, name
                 if name.endswith(".png"):
-                    assert f"checkpoints/{folder.name}/{tokens}/{name}" in readme, name
+                    assert f"checkpoints/{folder.name}/{tokens}/{name}" in page, name
             swapped = cmp.published(names[::-1], tokens=tokens)
             assert np.array_equal(swapped.a_vs_b, result.a_vs_b.T) and swapped.layers_a == result.layers_b
             assert np.array_equal(swapped.a_vs_a, result.b_vs_b) and np.array_equal(swapped.b_vs_b, result.a_vs_a)
     assert cmp.published(("vit-base", "cvt-13")) is None and cmp.published(("vit-cifar10", "vit-cifar10")) is None
     mean, cls = (cmp.published(catalog.BUNDLED_PAIR, tokens=t) for t in ("mean", "cls"))
     neighbours = [*np.diag(mean.a_vs_a, 1), *np.diag(mean.b_vs_b, 1)]
-    words = re.sub(r"\s+", " ", readme)
+    words = re.sub(r"\s+", " ", page)
     for claim in [f"neighbouring blocks score {min(neighbours):.2f} to {max(neighbours):.2f}",
                   f"ViT's first and last block {mean.a_vs_a[0, -1]:.2f}",
                   f"CvT's first two, convolutional stages ({mean.a_vs_b.max(1).min():.2f} to {mean.a_vs_b.max():.2f})",
@@ -338,7 +339,8 @@ def test_cka_between_a_vit_and_another_family_equals_pytorch_cka_hooks_on_timm(f
         other_ref = timm_swin(img_size=32, patch_size=2, embed_dim=16, depths=(2, 2), num_heads=(1, 2), window_size=4,
                               num_classes=10)
         other = ours_of(other_ref)
-        layers = [f"layers.{s}.blocks.{j}" for s, stage in enumerate(other_ref.layers) for j in range(len(stage.blocks))]
+        layers = [f"layers.{s}.blocks.{j}" for s, stage in enumerate(other_ref.layers)
+                  for j in range(len(stage.blocks))]
     else:
         other_ref = perturb_(timm.create_model("resnet18", pretrained=False, num_classes=10), std=0.05)
         other = ResNet(ResNetConfig(block="basic", layers=(2, 2, 2, 2), num_classes=10)).eval()

@@ -11,10 +11,10 @@ import torch
 from PIL import Image
 
 import vitviz
+from tests.app_server import launch
 from vitviz import compare as library, explain
 from vitviz.image import read_image
 from vitviz.ui import compare, gpu, page, shared
-from tests.app_server import launch
 
 ROOT = Path(__file__).resolve().parents[1]
 PHOTO = ROOT / "assets" / "cat_chelsea.jpg"
@@ -67,7 +67,7 @@ def test_the_lens_curves_and_token_classes_drawn_are_the_librarys_on_a_local_tra
     assert (views.layer_b.minimum, views.layer_b.maximum, views.layer_b.value) == (4, 9, 9)
     assert "cvt-cifar10's lens starts at layer 4 of 9" in views.note
     compare.render_lens_layer(key, 3, 5)
-    for (args, kwargs), (model, trace), block in zip(patches, local_traces(key) * 2, (6, 8, 2, 4)):
+    for (args, _kwargs), (model, trace), block in zip(patches, local_traces(key) * 2, (6, 8, 2, 4)):
         top, prob = explain.patch_top_class(model, trace, block)
         np.testing.assert_array_equal(args[1], top[0])
         np.testing.assert_allclose(args[2], prob[0], rtol=1e-5, atol=1e-6)
@@ -108,7 +108,7 @@ def test_the_residual_share_drawn_is_the_librarys_on_a_local_trace(monkeypatch):
     plot, note = compare.render_residual(key)
     assert plot.ndim == 3 and note == "cvt-cifar10 has a class token only from layer 4: its solid line starts there."
     (drawn,), _ = plots[0]
-    for (name, (depth, cls, grid)), (model, trace) in zip(drawn.items(), local_traces(key)):
+    for (depth, cls, grid), (_model, trace) in zip(drawn.values(), local_traces(key)):
         share = explain.residual_share(trace)
         assert depth == explain.relative_depth(trace) and len(depth) == len(trace.blocks)
         np.testing.assert_allclose(cls, share.cls[0], rtol=1e-5, equal_nan=True)

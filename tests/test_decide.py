@@ -14,8 +14,17 @@ from torch import Tensor, nn
 from torchvision.transforms.functional import gaussian_blur
 
 from test_explain import block_operator, tiny_vit
-from test_models import VIT_STD, assert_max_abs, cvt_pair, cvt_run, layers, perturb_, transformers_cvt, vit_config_of, \
-    vit_run
+from test_models import (
+    VIT_STD,
+    assert_max_abs,
+    cvt_pair,
+    cvt_run,
+    layers,
+    perturb_,
+    transformers_cvt,
+    vit_config_of,
+    vit_run,
+)
 from vitviz import explain
 from vitviz.models import ViT, load_weights
 
@@ -182,7 +191,8 @@ def reference_effect(model_call, metric, patch) -> float:
     """The normalised effect of one patched reference forward; patch: a context manager installing hooks."""
     with torch.no_grad(), patch:
         logits = model_call()
-    return float((logits[0, metric.target] - logits[0, metric.foil] - metric.corrupted) / (metric.clean - metric.corrupted))
+    return float((logits[0, metric.target] - logits[0, metric.foil] - metric.corrupted)
+                 / (metric.clean - metric.corrupted))
 
 
 def test_residual_patching_matches_forward_hooks_on_timms_blocks_token_by_token_and_in_squares():
@@ -197,22 +207,22 @@ def test_residual_patching_matches_forward_hooks_on_timms_blocks_token_by_token_
         assert abs(m.corrupted - float(corrupted_logits[0, m.target] - corrupted_logits[0, m.foil])) <= 1e-5
         assert abs(m.clean - m.corrupted) > 0.5, "the two images must differ enough to normalise by"
         assert m.foil == int(corrupted_logits.argmax()) or m.target == int(corrupted_logits.argmax())
-        for l, block in enumerate(reference.blocks):
-            def patched(tokens: list[int]):
+        for layer, block in enumerate(reference.blocks):
+            def patched(tokens: list[int], block=block, clean=clean_inputs[layer]):
                 def replace(x):
-                    x[:, tokens] = clean_inputs[l][:, tokens]
+                    x[:, tokens] = clean[:, tokens]
                     return x
                 return replaced_input(block, replace)
 
-            assert result.grid[l].shape == (4 // group, 4 // group)
+            assert result.grid[layer].shape == (4 // group, 4 // group)
             cls = reference_effect(lambda: reference(corrupted), m, patched([0]))
-            assert abs(float(result.prefix[l][0]) - cls) <= 1e-5, f"block {l}: the class token"
+            assert abs(float(result.prefix[layer][0]) - cls) <= 1e-5, f"block {layer}: the class token"
             for i in range(4 // group):
                 for j in range(4 // group):
-                    tokens = [1 + y * 4 + x for y in range(group * i, group * i + group)
-                              for x in range(group * j, group * j + group)]
+                    tokens = [1 + row * 4 + col for row in range(group * i, group * i + group)
+                              for col in range(group * j, group * j + group)]
                     expected = reference_effect(lambda: reference(corrupted), m, patched(tokens))
-                    assert abs(float(result.grid[l][i, j]) - expected) <= 1e-5, f"block {l}, square {i, j}"
+                    assert abs(float(result.grid[layer][i, j]) - expected) <= 1e-5, f"block {layer}, square {i, j}"
 
 
 def test_head_patching_matches_forward_hooks_on_timms_output_projection():
@@ -222,13 +232,14 @@ def test_head_patching_matches_forward_hooks_on_timms_output_projection():
         reference(clean)
     heads, d = reference.blocks[0].attn.num_heads, reference.embed_dim // reference.blocks[0].attn.num_heads
     assert result.heads.shape == (len(reference.blocks), heads)
-    for l, block in enumerate(reference.blocks):
+    for layer, block in enumerate(reference.blocks):
         for h in range(heads):
-            def replace(z, l=l, h=h):
-                z[..., h * d:(h + 1) * d] = clean_z[l][..., h * d:(h + 1) * d]
+            def replace(z, layer=layer, h=h):
+                z[..., h * d:(h + 1) * d] = clean_z[layer][..., h * d:(h + 1) * d]
                 return z
-            expected = reference_effect(lambda: reference(corrupted), result.metric, replaced_input(block.attn.proj, replace))
-            assert abs(float(result.heads[l, h]) - expected) <= 1e-5, f"block {l}, head {h}"
+            expected = reference_effect(lambda: reference(corrupted), result.metric,
+                                        replaced_input(block.attn.proj, replace))
+            assert abs(float(result.heads[layer, h]) - expected) <= 1e-5, f"block {layer}, head {h}"
 
 
 def test_patching_every_token_gives_one_and_none_zero_for_both_models():
@@ -237,11 +248,11 @@ def test_patching_every_token_gives_one_and_none_zero_for_both_models():
         clean = torch.randn(1, 3, *size)
         runs = [model.trace(x) for x in (clean, explain.corrupt(clean, "blur", strength=3.0))]
         metric = explain.patching.metric(*runs)
-        for l, block in enumerate(runs[0].blocks):
+        for layer, block in enumerate(runs[0].blocks):
             n = block.tokens.shape[1]
             masks = torch.stack([torch.ones(n, dtype=torch.bool), torch.zeros(n, dtype=torch.bool)])
-            effects = explain.patching.patched_residual(model, *runs, l, masks, metric)
-            assert_max_abs(effects, torch.tensor([1.0, 0.0]), 1e-4, f"{type(model).__name__} block {l}")
+            effects = explain.patching.patched_residual(model, *runs, layer, masks, metric)
+            assert_max_abs(effects, torch.tensor([1.0, 0.0]), 1e-4, f"{type(model).__name__} block {layer}")
 
 
 def test_cvt_residual_patching_matches_forward_hooks_on_transformers_layers():
@@ -255,24 +266,25 @@ def test_cvt_residual_patching_matches_forward_hooks_on_transformers_layers():
     with torch.no_grad(), inputs_of(cvt_layers) as clean_inputs:
         reference(clean)
     trace = ours.trace(clean)
-    for l, (layer, block) in enumerate(zip(cvt_layers, trace.blocks)):
+    for index, (layer, block) in enumerate(zip(cvt_layers, trace.blocks)):
         (h, w), p = block.query_grid, block.prefix
         for k in range(p):
-            def replace(x, k=k, l=l):
-                x[:, k] = clean_inputs[l][:, k]
+            def replace(x, k=k, index=index):
+                x[:, k] = clean_inputs[index][:, k]
                 return x
-            expected = reference_effect(lambda: reference(corrupted).logits, result.metric, replaced_input(layer, replace))
-            assert abs(float(result.prefix[l][k]) - expected) <= 1e-5, f"layer {l}: the class token"
+            expected = reference_effect(lambda: reference(corrupted).logits, result.metric,
+                                        replaced_input(layer, replace))
+            assert abs(float(result.prefix[index][k]) - expected) <= 1e-5, f"layer {index}: the class token"
         for i in range(h // 2):
             for j in range(w // 2):
                 tokens = [p + y * w + x for y in (2 * i, 2 * i + 1) for x in (2 * j, 2 * j + 1)]
 
-                def replace(x, tokens=tokens, l=l):
-                    x[:, tokens] = clean_inputs[l][:, tokens]
+                def replace(x, tokens=tokens, index=index):
+                    x[:, tokens] = clean_inputs[index][:, tokens]
                     return x
                 expected = reference_effect(lambda: reference(corrupted).logits, result.metric,
                                             replaced_input(layer, replace))
-                assert abs(float(result.grid[l][i, j]) - expected) <= 1e-5, f"layer {l}, square {i, j}"
+                assert abs(float(result.grid[index][i, j]) - expected) <= 1e-5, f"layer {index}, square {i, j}"
 
 
 def ours_from_transformers_vit(reference) -> ViT:
@@ -303,8 +315,8 @@ def ours_from_transformers_vit(reference) -> ViT:
 
 def test_residual_patching_matches_transformer_lens_vit_bridge_hook_resid_pre(tmp_path, monkeypatch):
     """TransformerLens 4.3's ViT bridge over a random-weight transformers ViT (offline: the model is handed over)."""
-    from transformers import ViTConfig as HFViTConfig, ViTForImageClassification
     from transformer_lens.model_bridge import TransformerBridge
+    from transformers import ViTConfig as HFViTConfig, ViTForImageClassification
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     torch.manual_seed(0)
@@ -321,8 +333,8 @@ def test_residual_patching_matches_transformer_lens_vit_bridge_hook_resid_pre(tm
         _, cache = bridge.run_with_cache(clean)
     result = explain.patch_activations(ours, clean, corrupted, site="resid")
     assert max(float(g.abs().max()) for g in result.grid) > 0.1, "patching must move the answer"
-    for l in range(3):
-        name = f"blocks.{l}.hook_resid_pre"
+    for layer in range(3):
+        name = f"blocks.{layer}.hook_resid_pre"
         for token in range(17):
             def patch(x, hook, token=token):
                 x = x.clone()
@@ -332,7 +344,7 @@ def test_residual_patching_matches_transformer_lens_vit_bridge_hook_resid_pre(tm
                 logits = bridge.run_with_hooks(corrupted, fwd_hooks=[(name, patch)])
             m = result.metric
             expected = float((logits[0, m.target] - logits[0, m.foil] - m.corrupted) / (m.clean - m.corrupted))
-            ours_value = result.prefix[l][0] if token == 0 else result.grid[l].flatten()[token - 1]
+            ours_value = result.prefix[layer][0] if token == 0 else result.grid[layer].flatten()[token - 1]
             assert abs(float(ours_value) - expected) <= 1e-5, f"{name}, token {token}"
 
 
@@ -340,8 +352,11 @@ def test_patching_plan_counts_the_forwards_and_progress_reports_each(monkeypatch
     _, model, clean, corrupted = small_timm_pair()
     images, calls = [], []
     forward_from = model.forward_from
-    monkeypatch.setattr(model, "forward_from",
-                        lambda index, tokens, *args, **kw: images.append(len(tokens)) or forward_from(index, tokens, *args, **kw))
+
+    def counting_forward_from(index, tokens, *args, **kw):
+        images.append(len(tokens))
+        return forward_from(index, tokens, *args, **kw)
+    monkeypatch.setattr(model, "forward_from", counting_forward_from)
     for site, group in (("resid", 1), ("resid", 3), ("head", 1)):
         images.clear(), calls.clear()
         plan = explain.patching_plan(model.trace(clean), site=site, group=group, batch_size=5)
@@ -401,7 +416,7 @@ def test_cli_decide_writes_the_attribution_table_and_token_effect_maps_the_api_c
         assert table["target"]["index"] == run.top(1)[0].index and table["target"]["label"] == run.top(1)[0].label
         assert np.allclose([layer["heads"] for layer in table["layers"]], a.heads[0].numpy(), atol=1e-5)
         assert np.allclose(maps, explain.token_effect_maps(a, trace)[0].numpy(), atol=1e-6)
-        parts = table["embedding"] + table["bias"] + sum(l["attention"] + l["mlp"] for l in table["layers"])
+        parts = table["embedding"] + table["bias"] + sum(layer["attention"] + layer["mlp"] for layer in table["layers"])
         assert abs(parts - table["logit"]) <= 1e-4 * max(1.0, abs(table["logit"]))
 
 

@@ -13,12 +13,12 @@ import pytest
 import torch
 
 import vitviz
+from tests.app_server import launch
 from vitviz import __main__ as cli, explain
 from vitviz.export import DECIDE, MANIFEST, TOKEN_EFFECTS
 from vitviz.models.cvt import CvT
 from vitviz.models.vit import ViT
 from vitviz.ui import decide, download, gpu, page, shared
-from tests.app_server import launch
 
 ROOT = Path(__file__).resolve().parents[1]
 PHOTO = ROOT / "assets" / "cat_chelsea.jpg"

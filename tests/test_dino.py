@@ -25,6 +25,7 @@ from vitviz import explain, render
 from vitviz.export import PREDICTIONS, image_files, model_entry
 from vitviz.models import ViT, load_weights
 from vitviz.session import ModelRun
+from vitviz.views import artefact_views, feature_pca_view, head_views, map_view, model_view
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -213,7 +214,7 @@ def test_a_headless_run_has_no_predictions_says_so_and_refuses_a_class(headless_
     for method in explain.METHODS:
         values = run.token_map(method)
         assert values.shape == (14, 14) and np.isfinite(values).all(), method
-        assert run.map_view(method).shape[0] > run.canvas.size[0]   # drawn, with its caption strip
+        assert map_view(run, method).shape[0] > run.canvas.size[0]   # drawn, with its caption strip
 
 
 def test_a_headless_models_targeted_maps_explain_the_pooled_outputs_similarity_to_a_token(headless_run):
@@ -250,10 +251,10 @@ def test_the_explain_a_class_tab_explains_a_headless_model_at_the_clicked_token(
     shown_w, shown_h = run.image.size
     clicked = (shown_w * 0.7, shown_h * 0.2)
     at_point = classes.render_gradients(key, "chefer", None, None, clicked)
-    expected = run.map_view("chefer", point=shared.run_point(run, clicked))
+    expected = map_view(run, "chefer", point=shared.run_point(run, clicked))
     assert all(np.array_equal(panel, expected) for panel in at_point)
     unclicked = classes.render_gradients(key, "chefer", None, None, None)
-    assert np.array_equal(unclicked[0], run.map_view("chefer")) and not np.array_equal(unclicked[0], expected)
+    assert np.array_equal(unclicked[0], map_view(run, "chefer")) and not np.array_equal(unclicked[0], expected)
 
 
 def test_the_export_records_that_a_headless_model_has_no_predictions(headless_run):
@@ -268,7 +269,7 @@ def test_the_export_records_that_a_headless_model_has_no_predictions(headless_ru
 
 def test_heads_threshold_pca_and_artefact_views_are_drawn_with_captions_for_every_head(headless_run):
     run = headless_run
-    heads, title = run.head_views(fraction=0.6, style="outline")
+    heads, title = head_views(run, fraction=0.6, style="outline")
     assert len(heads) == 1 + 6 and all(image.shape == (*run.canvas.size, 3) for image, _ in heads)
     masks = explain.mass_threshold(explain.head_attention(run.trace, query="cls", on_query_grid=True)[0], 0.6)
     assert [caption for _, caption in heads[1:]] == [f"head {k + 1} · {int(m.sum())} of 196 tokens"
@@ -277,12 +278,12 @@ def test_heads_threshold_pca_and_artefact_views_are_drawn_with_captions_for_ever
     assert title.startswith(f"{run.name}, layer 2: where the class token looks") and "holding 60%" in title
     h, w = run.canvas.size
     row, col = run.canvas.token_at((w / 2, h / 2), run.canvas.fields[0])
-    masked, title = run.head_views(layer=0, point=(w / 2, h / 2), fraction=0.6, style="mask")
+    masked, title = head_views(run, layer=0, point=(w / 2, h / 2), fraction=0.6, style="mask")
     assert f"layer 1: where the token at row {row}, column {col} looks" in title
     assert not np.array_equal(masked[1][0], heads[1][0])
-    strips = run.model_view()
+    strips = model_view(run)
     assert len(strips) == 2 and all(strip.shape[1] > 6 * strip.shape[0] for strip, _ in strips)
-    image, caption = run.feature_pca_view()
+    image, caption = feature_pca_view(run)
     assert image.shape == (*run.canvas.size, 3) and "foreground tokens (of 196)" in caption
-    views, registers, summary = run.artefact_views()
+    views, registers, summary = artefact_views(run)
     assert len(views) == 2 and registers == [] and "high-norm token" in summary   # norms, the class token's attention

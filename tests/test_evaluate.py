@@ -16,8 +16,7 @@ from PIL import Image
 from torch import nn
 
 import vitviz
-from vitviz import __main__ as cli
-from vitviz import evaluate as ev
+from vitviz import __main__ as cli, evaluate as ev
 from vitviz.bundle import save_bundle
 from vitviz.data import DataError, open_data
 from vitviz.explain import METHODS, Method
@@ -153,6 +152,7 @@ def test_the_reference_class_is_the_label_when_the_data_names_the_models_classes
 
 def test_region_perturbation_equals_quantus_on_a_timm_vit_at_224(tmp_path, monkeypatch):
     import quantus
+
     from hub_server import timm_checkpoint
 
     if not hasattr(np, "trapz"):   # quantus 0.6 still calls np.trapz, which numpy 2 removed
@@ -298,11 +298,11 @@ def test_a_method_is_compared_with_the_random_map_in_words(shift, expected):
     assert ev.verdict(ev.TESTS["deletion"], ev.interval(method - random, weights)) == expected
 
 
-def test_the_readme_shows_the_summaries_shipped_beside_the_bundled_checkpoints():
+def test_the_faithfulness_page_shows_the_summaries_shipped_beside_the_bundled_checkpoints():
     """The published leaderboard: each bundled model's summary covers every registered method over 1,000
-    CIFAR-10 test images, and the README's table is the table those summaries print."""
-    readme = (ROOT / "README.md").read_text()
+    CIFAR-10 test images, and docs/faithfulness.md's table is the table those summaries print."""
+    page = (ROOT / "docs" / "faithfulness.md").read_text()
     for name in ("vit-cifar10", "cvt-cifar10"):
         summary = json.loads((ROOT / "checkpoints" / name / ev.SUMMARY).read_text())
         assert summary["data"]["images"] == 1000 and list(summary["methods"]) == list(METHODS), name
-        assert ev.markdown(summary).strip() in readme, name
+        assert ev.markdown(summary).strip() in page, name

@@ -519,4 +519,5 @@ def test_every_methods_deletion_auc_is_lower_than_random_on_the_bundled_models(n
         saliency = method.maps(model, pixels, None).detach()   # each image's top class
         random = random_deletion_auc(model, pixels, saliency) if random is None else random
         deletion = explain.deletion_curve(model, pixels, saliency, steps=16).auc.mean()
-        assert deletion < random, f"{name}: {method.name} deletion AUC {deletion:.3f} is not below random's {random:.3f}"
+        assert deletion < random, (f"{name}: {method.name} deletion AUC {deletion:.3f} "
+                                   f"is not below random's {random:.3f}")

@@ -26,8 +26,15 @@ from timm.models import get_pretrained_cfg
 from transformers.models.convnext.image_processing_pil_convnext import ConvNextImageProcessorPil
 
 import vitviz
-from hub_server import (closed_port_url, cvt_checkpoint, cvt_processor_config, files_of, pickle_with_code,
-                        timm_checkpoint, use_endpoint)
+from hub_server import (
+    closed_port_url,
+    cvt_checkpoint,
+    cvt_processor_config,
+    files_of,
+    pickle_with_code,
+    timm_checkpoint,
+    use_endpoint,
+)
 from vitviz import catalog, hub as vhub
 from vitviz.bundle import save_bundle
 from vitviz.hub import LoadError, Source

@@ -7,8 +7,14 @@ import torch
 from torch import Tensor
 
 from test_models import assert_max_abs, cvt_run, layers, outputs_of, vit_run
-from vitviz.explain import (final_class_probability, lens_layers, logit_lens, patch_top_class, relative_depth,
-                            residual_share)
+from vitviz.explain import (
+    final_class_probability,
+    lens_layers,
+    logit_lens,
+    patch_top_class,
+    relative_depth,
+    residual_share,
+)
 from vitviz.models import ViT, ViTConfig
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -19,8 +19,17 @@ import torch
 from torch import Tensor, nn
 from transformers import CvtConfig, CvtForImageClassification
 
-from vitviz.models import (CvT, CvTConfig, Embedding, Trace, ViT, ViTConfig, Window, convert_transformers_state_dict,
-                           load_weights)
+from vitviz.models import (
+    CvT,
+    CvTConfig,
+    Embedding,
+    Trace,
+    ViT,
+    ViTConfig,
+    Window,
+    convert_transformers_state_dict,
+    load_weights,
+)
 from vitviz.models.cvt import CVT_13, CVT_21, CVT_W24
 
 VIT_STD = 0.05   # large enough for peaked attention, small enough that float32 logits stay within 1e-5

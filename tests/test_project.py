@@ -1,19 +1,23 @@
-"""The project's own promises: the README's commands are the ones CI runs, and its front matter (the Space's
-configuration) builds the Space as it was tested: the Gradio the tests ran, the catalog's models, and the
-default pair's files preloaded, those and no others."""
+"""The project's own promises: the README is a front page (two screens, its commands the ones CI runs, its links
+reaching pages and headings of the documentation site), and its front matter (the Space's configuration) builds
+the Space as it was tested: the Gradio the tests ran, the catalog's models, and the default pair's files
+preloaded, those and no others."""
 import re
 import sys
 from pathlib import Path
 
 import gradio
-from huggingface_hub import SpaceHardware, hf_hub_download, metadata_load
-from huggingface_hub import constants as hf_constants
+import markdown
+import yaml
+from huggingface_hub import SpaceHardware, constants as hf_constants, hf_hub_download, metadata_load
 
 import vitviz
 from hub_server import cvt_checkpoint, files_of, timm_checkpoint
 from vitviz import catalog, hub as vhub
 
 ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+README_MAX_LINES = 250   # two screens: what a newcomer reads before the site takes over
 # What the default pair's repos hold on the Hub (their "Files and versions" pages, at
 # huggingface.co/timm/vit_base_patch16_224.augreg2_in21k_ft_in1k/tree/3feba41 and
 # huggingface.co/microsoft/cvt-13/tree/b71e71d; cvt-13's model.safetensors is only on refs/pr/2).
@@ -25,12 +29,57 @@ SHORT_DESCRIPTION_MAX = 60   # the Hub refuses a longer one: '"short_description
 
 
 def readme_commands() -> list[str]:
-    return re.findall(r"```bash\n(.+?)\n```", (ROOT / "README.md").read_text())
+    return re.findall(r"```bash\n(.+?)\n```", README.read_text())
 
 
 def front_matter() -> dict:
     """README.md's YAML header, read as huggingface_hub reads a repo card's."""
-    return metadata_load(ROOT / "README.md")
+    return metadata_load(README)
+
+
+def site_pages() -> list[str]:
+    """The pages of the documentation site, as mkdocs.yml's nav lists them (paths inside docs/)."""
+    def pages(entries) -> list[str]:
+        found = []
+        for entry in entries:
+            values = entry.values() if isinstance(entry, dict) else [entry]
+            for value in values:
+                found += pages(value) if isinstance(value, list) else [value]
+        return found
+    return pages(yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"])
+
+
+def heading_ids(page: Path) -> set[str]:
+    """The anchors MkDocs gives a page's headings: Python-Markdown's toc extension, which MkDocs runs, on the page
+    (fenced code kept out, so a `# comment` in a code block is no heading)."""
+    md = markdown.Markdown(extensions=["toc", "attr_list", "fenced_code", "tables"])
+    md.convert(page.read_text())
+
+    def ids(tokens):
+        for token in tokens:
+            yield token["id"]
+            yield from ids(token["children"])
+    return set(ids(md.toc_tokens))
+
+
+def test_the_readme_fits_on_two_screens():
+    assert len(README.read_text().splitlines()) <= README_MAX_LINES
+
+
+def test_every_link_from_the_readme_into_the_site_reaches_one_of_its_pages_and_headings():
+    links = re.findall(r"\]\((docs/[^)#\s]+\.md)(?:#([^)\s]+))?\)", README.read_text())
+    pages = set(site_pages())
+    assert {"index.md", "getting-started.md", "app.md"} <= {target.removeprefix("docs/") for target, _ in links}
+    unknown = [target for target, _ in links if target.removeprefix("docs/") not in pages]
+    missing = [f"{target}#{anchor}" for target, anchor in links
+               if anchor and target.removeprefix("docs/") in pages and anchor not in heading_ids(ROOT / target)]
+    assert (unknown, missing) == ([], [])
+
+
+def test_the_pictures_the_readme_shows_are_in_the_repository():
+    pictures = re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", README.read_text())
+    assert "docs/images/first-screen.png" in pictures
+    assert [p for p in pictures if not (ROOT / p).is_file()] == []
 
 
 def test_readme_has_exactly_two_setup_commands_one_for_the_app_and_one_for_the_tests():

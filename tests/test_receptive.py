@@ -32,7 +32,8 @@ def hooked_fields(reference: nn.Module, blocks: list[nn.Module], pixels: torch.T
             h.remove()
     maps = []
     for k, (out, (i, j)) in enumerate(zip(outputs, tokens)):
-        y = {"bnc": lambda: out[:, i], "bhwc": lambda: out[:, i, j], "bchw": lambda: out[:, :, i, j]}[layout]()
+        token = {"bnc": (slice(None), i), "bhwc": (slice(None), i, j), "bchw": (slice(None), slice(None), i, j)}[layout]
+        y = out[token]
         (grad,) = torch.autograd.grad(y.sum(), x, retain_graph=k < len(outputs) - 1)
         maps.append(grad.abs().sum(dim=1).mean(dim=0))
     return torch.stack(maps)
@@ -81,7 +82,8 @@ def test_cnn_fields_equal_gradients_through_hooks_on_timms_blocks(name):
     pixels = torch.randn(2, 3, 96, 96)
     found = explain.receptive_field(ours, pixels)
     if name == "resnet18":
-        blocks = [b for stage in (reference.layer1, reference.layer2, reference.layer3, reference.layer4) for b in stage]
+        blocks = [b for stage in (reference.layer1, reference.layer2, reference.layer3, reference.layer4)
+                  for b in stage]
         # stem 11x11 at stride 4 from -5 (centre 0.5), then 3x3/2 from -1 per stage: centres 0.5 + 4 (2^s) i ...
         first = [0.5, 2.5, 6.5, 14.5]
     else:

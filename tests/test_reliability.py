@@ -34,11 +34,11 @@ from test_image import gray_png, solid_gray_jpeg
 from vitviz import catalog
 from vitviz.bundle import save_bundle
 from vitviz.image import MAX_UPLOAD_BYTES
-from vitviz.ui.video import EXAMPLE as VIDEO_EXAMPLE
-from vitviz.video import APP_MAX_BYTES as VIDEO_UPLOAD_BYTES
 from vitviz.models import CvT, ViT
 from vitviz.preprocess import IMAGENET_MEAN, IMAGENET_STD, Transform
 from vitviz.train import ARCHITECTURES
+from vitviz.ui.video import EXAMPLE as VIDEO_EXAMPLE
+from vitviz.video import APP_MAX_BYTES as VIDEO_UPLOAD_BYTES
 
 pytestmark = pytest.mark.slow   # each test drives the launched app for seconds to minutes
 
@@ -339,7 +339,8 @@ BAD_MODELS = {   # case -> (what the model box gets, {tmp}: the app's folder; wo
     "local folder the owner did not name": ("{tmp}/not-named-by-the-owner", [FILE_PATH]),
     "owner's folder reached by ..": ("{tmp}/micro-cvt/../micro-vit", [FILE_PATH]),
     "repo not on the Hub": ("test/reliability-no-such-repo", ["is not on the Hugging Face Hub"]),
-    "another architecture": ("test/reliability-swinv2", ["a SwinV2 (scaled cosine attention", "vitviz runs ViT, DeiT, Swin"]),
+    "another architecture": ("test/reliability-swinv2", ["a SwinV2 (scaled cosine attention",
+                                                         "vitviz runs ViT, DeiT, Swin"]),
     "tensors that do not fit": ("test/reliability-misfit", ["do not fit its config.json"]),
     "pickle with code": ("test/reliability-pickled-code", ["pytorch_model.bin was refused",
                                                            "never runs code from a checkpoint"]),

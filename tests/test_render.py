@@ -261,9 +261,9 @@ def test_position_similarity_tiles_match_the_cosine_formula(no_embed_class):
     slots = vit.pos_embed[0].detach().numpy()
     patches = slots if no_embed_class else slots[3:]   # cls + 2 registers hold the first slots
     similarity = render.position_similarity(pos, grid)
-    for (i, j), (k, l) in [((0, 0), (0, 0)), ((1, 2), (3, 5)), ((3, 0), (0, 4))]:
-        a, b = patches[i * 6 + j], patches[k * 6 + l]
-        assert similarity[i, j, k, l] == pytest.approx(a @ b / np.sqrt((a @ a) * (b @ b)), abs=1e-6)
+    for (i, j), (i2, j2) in [((0, 0), (0, 0)), ((1, 2), (3, 5)), ((3, 0), (0, 4))]:
+        a, b = patches[i * 6 + j], patches[i2 * 6 + j2]
+        assert similarity[i, j, i2, j2] == pytest.approx(a @ b / np.sqrt((a @ a) * (b @ b)), abs=1e-6)
     tiles = render.position_tiles(render.position_embedding(vit), side=240)
     factor = 240 // 6 // 6
     gap = factor // 2 + 1

@@ -14,15 +14,19 @@ import pytest
 import timm
 import torch
 from pytorch_grad_cam import GradCAM
-from safetensors.torch import load_file
 from pytorch_grad_cam.utils.image import scale_cam_image
 from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget
+from safetensors.torch import load_file
 from timm.models.swin_transformer import window_partition
 from torch import Tensor, nn
 
 from test_attribution import GradCAMOnTheGrid
 from test_explain import spearman
-from test_models import assert_a_slice_of_blocks_keeps_attention_and_graph_only_there, assert_max_abs, outputs_of, perturb_
+from test_models import (
+    assert_a_slice_of_blocks_keeps_attention_and_graph_only_there,
+    assert_max_abs,
+    perturb_,
+)
 from vitviz import explain
 from vitviz.models import Swin, SwinConfig, load_weights
 from vitviz.models.swin import convert_transformers_state_dict
@@ -163,18 +167,21 @@ def dense_attentions(reference: nn.Module, pixels: Tensor, *, grad_of: int | Non
     finally:
         for h in hooks:
             h.remove()
+
+    def dense(x, index, n):
+        nw, t = index.shape
+        x = x.detach().reshape(pixels.shape[0], nw, -1, t, t)
+        full = x.new_zeros(pixels.shape[0], x.shape[2], n, n)
+        for w in range(nw):
+            full[:, :, index[w][:, None], index[w][None, :]] = x[:, w]
+        return full.double()
+
     out = []
     for block, attn in zip(blocks, recorded):
         grid, window, shift = block.input_resolution, block.window_size[0], block.shift_size[0]
         index = token_windows(grid, window, shift)   # nw t
-        n, (nw, t) = grid[0] * grid[1], index.shape
-        def dense(x):
-            x = x.detach().reshape(pixels.shape[0], nw, -1, t, t)
-            full = x.new_zeros(pixels.shape[0], x.shape[2], n, n)
-            for w in range(nw):
-                full[:, :, index[w][:, None], index[w][None, :]] = x[:, w]
-            return full.double()
-        out.append((dense(attn), None if grad_of is None else dense(attn.grad), grid))
+        n = grid[0] * grid[1]
+        out.append((dense(attn, index, n), None if grad_of is None else dense(attn.grad, index, n), grid))
     return out
 
 
@@ -359,8 +366,8 @@ def test_reinitialising_the_weights_changes_every_map_that_explains_a_class():
 
 @pytest.mark.usefixtures("own_caches")
 def test_a_timm_swin_checkpoint_loads_with_timms_logits_preprocessing_and_labels(hub, tmp_path):
-    from timm.data import create_transform, resolve_data_config
     from PIL import Image
+    from timm.data import create_transform, resolve_data_config
 
     import vitviz
     from hub_server import files_of, timm_checkpoint
@@ -428,17 +435,18 @@ def test_residual_patching_matches_forward_hooks_on_timms_blocks():
         reference(clean)
     result = explain.patch_activations(ours, clean, corrupted, site="resid", group=4)
     m = result.metric
-    for l, block in enumerate(blocks):
-        h, w = clean_inputs[l].shape[1:3]
-        assert result.grid[l].shape == (-(-h // 4), -(-w // 4))
+    for layer, block in enumerate(blocks):
+        h, w = clean_inputs[layer].shape[1:3]
+        assert result.grid[layer].shape == (-(-h // 4), -(-w // 4))
         for i, j in ((0, 0), (h // 8, w // 8), (-(-h // 4) - 1, 0)):
-            def replace(x, i=i, j=j, l=l):
-                x[:, 4 * i:4 * i + 4, 4 * j:4 * j + 4] = clean_inputs[l][:, 4 * i:4 * i + 4, 4 * j:4 * j + 4]
+            def replace(x, i=i, j=j, layer=layer):
+                x[:, 4 * i:4 * i + 4, 4 * j:4 * j + 4] = clean_inputs[layer][:, 4 * i:4 * i + 4, 4 * j:4 * j + 4]
                 return x
             expected = reference_effect(lambda: reference(corrupted), m, replaced_input(block, replace))
             # float32 through six blocks of windows (fused attention kernels on both sides, summing in their own
             # orders), divided by the metric's difference: 5e-5
-            assert abs(float(result.grid[l][i, j]) - expected) <= 5e-5 * max(1.0, abs(expected)), f"block {l}, {i, j}"
+            assert abs(float(result.grid[layer][i, j]) - expected) <= 5e-5 * max(1.0, abs(expected)), \
+                f"block {layer}, {i, j}"
 
 
 def test_head_patching_matches_forward_hooks_on_timms_output_projection():
@@ -452,16 +460,16 @@ def test_head_patching_matches_forward_hooks_on_timms_output_projection():
     blocks = [block for stage in reference.layers for block in stage.blocks]
     with torch.no_grad(), inputs_of([b.attn.proj for b in blocks]) as clean_z:   # b*nw t (h d), window order
         reference(clean)
-    for l, block in enumerate(blocks):
+    for layer, block in enumerate(blocks):
         heads = block.attn.num_heads
         d = block.attn.proj.in_features // heads
         for h in range(heads):
-            def replace(z, l=l, h=h):
-                z[..., h * d:(h + 1) * d] = clean_z[l][..., h * d:(h + 1) * d]
+            def replace(z, layer=layer, h=h, d=d):
+                z[..., h * d:(h + 1) * d] = clean_z[layer][..., h * d:(h + 1) * d]
                 return z
             expected = reference_effect(lambda: reference(corrupted), result.metric,
                                         replaced_input(block.attn.proj, replace))
-            assert abs(float(result.heads[l, h]) - expected) <= 1e-5, f"block {l}, head {h}"
+            assert abs(float(result.heads[layer, h]) - expected) <= 1e-5, f"block {layer}, head {h}"
 
 
 def test_relevance_of_the_pixels_sums_to_the_target_logit_when_biases_are_zero():

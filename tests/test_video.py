@@ -1,7 +1,7 @@
 """Videos through two models (`vitviz.video`): every sampled frame's maps equal the photo pipeline's on the same
 decoded frame, frames are sampled, turned upright and timed as the stream says, the output is a playable H.264
-MP4 whose timeline and manifest agree with the arrays, and every bad input gets plain words. The videos are
-written here with PyAV."""
+MP4 whose timeline and manifest agree with the arrays, a CNN beside a transformer gets a map in its half of
+every frame (its first screen's), and every bad input gets plain words. The videos are written here with PyAV."""
 from __future__ import annotations
 
 import json
@@ -13,11 +13,11 @@ from pathlib import Path
 import av
 import numpy as np
 import pytest
-import torch
+from PIL import Image
 
 import vitviz
 from vitviz import video as clips
-from vitviz.session import explain_image
+from vitviz.session import agreement, explain_image
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 PAIR = ("vit-cifar10", "cvt-cifar10")
@@ -63,7 +63,7 @@ def test_every_sampled_frames_maps_equal_the_photo_pipelines_on_the_same_decoded
                                  keep=kept.append, batch_size=3)
     assert [f.time for f in kept] == pytest.approx([k / 8 for k in range(8)], abs=1e-3)   # one frame in three
     assert result.manifest["sampling"]["times"] == [f.time for f in kept]
-    for k, model in enumerate(pair):
+    for model in pair:
         folder = tmp_path / "out" / vitviz.export.safe_name(model.name)
         for method in ("rollout", "chefer"):
             saved = np.load(folder / f"{method}.npy")
@@ -76,7 +76,8 @@ def test_every_sampled_frames_maps_equal_the_photo_pipelines_on_the_same_decoded
         assert all(len(p["top5"]) == 5 for p in predictions)
 
 
-def test_the_output_is_h264_yuv420p_with_every_frame_and_the_manifest_and_timeline_agree_with_the_arrays(pair, tmp_path):
+def test_the_output_is_h264_yuv420p_with_every_frame_and_the_manifest_and_timeline_agree_with_the_arrays(
+        pair, tmp_path):
     path = write_video(tmp_path / "square.mp4", frames=16, rate=8)
     result = clips.explain_video(path, pair, methods=["rollout"], out=tmp_path / "out", fps=8)
     with av.open(str(result.video)) as container:
@@ -91,7 +92,8 @@ def test_the_output_is_h264_yuv420p_with_every_frame_and_the_manifest_and_timeli
         stack = np.load(tmp_path / "out" / vitviz.export.safe_name(model.name) / "rollout.npy")
         assert manifest["files"][f"{vitviz.export.safe_name(model.name)}/rollout.npy"]["shape"] == list(stack.shape)
         steady = np.mean([clips.spearman(a.ravel(), b.ravel()) for a, b in zip(stack[:-1], stack[1:])])
-        assert manifest["stability"]["consecutive_frames_spearman"][model.name]["rollout"] == pytest.approx(steady, abs=1e-6)
+        assert manifest["stability"]["consecutive_frames_spearman"][model.name]["rollout"] == pytest.approx(
+            steady, abs=1e-6)
     assert len(manifest["stability"]["agreement"]["per_frame"]) == 16
     assert (tmp_path / "out" / clips.TIMELINE_FILE).stat().st_size > 10_000 and result.timeline.ndim == 3
 
@@ -166,6 +168,51 @@ def test_the_app_takes_the_first_30_seconds_and_says_so(tmp_path, monkeypatch):
     assert len(list(Path(answer.frames).glob("frame-*.jpg"))) == 30
     with pytest.raises(Exception, match="not a video FFmpeg can read"):
         tab.explain_video({"path": __file__}, *PAIR, ["rollout"], 8, progress=lambda *a, **k: None)
+
+
+def test_the_video_tab_with_a_cnn_beside_a_transformer_draws_a_map_in_both_halves_of_every_frame(monkeypatch):
+    """Swin beside ResNet on the example clip with the tab's default method (attention rollout, which ResNet has no
+    attention for): ResNet's half of every frame is the map its first screen shows (`ModelRun.overview_method`),
+    drawn and captioned as such, and its steadiness and the two models' agreement are measured on what each drew."""
+    from vitviz.ui import video as tab
+
+    captions = []
+    caption = clips.render.caption
+    monkeypatch.setattr(clips.render, "caption",
+                        lambda image, **words: captions.append(words) or caption(image, **words))
+    answer = tab.explain_video({"path": str(tab.EXAMPLE)}, "swin-cifar10", "resnet-cifar10", fps=1,
+                               progress=lambda *a, **k: None)   # the example's 4 s: 4 frames
+    folder = Path(answer.video).parent
+    manifest = json.loads((folder / clips.MANIFEST_FILE).read_text())
+    maps = {"swin-cifar10": np.load(folder / "swin-cifar10" / "rollout.npy"),
+            "resnet-cifar10": np.load(folder / "resnet-cifar10" / "gradcam.npy")}
+    with av.open(answer.video) as container:
+        decoded = [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]
+    swin, resnet = (vitviz.load(name, device="cpu") for name in ("swin-cifar10", "resnet-cifar10"))
+    frames = sorted(Path(answer.frames).glob("frame-*.jpg"))
+    assert len(frames) == len(decoded) == len(captions) // 2 == 4
+    for i, path in enumerate(frames):
+        runs = explain_image(Image.open(path), [swin, resnet])
+        first_screen = runs[1].overview_method
+        assert captions[2 * i + 1]["method"] == vitviz.explain.method(first_screen).title == "Grad-CAM"
+        assert "not attention rollout" in captions[2 * i + 1]["note"]
+        assert clips.spearman(maps["resnet-cifar10"][i].ravel(), runs[1].token_map(first_screen).ravel()) > 0.99
+        h, w = runs[1].canvas.size   # ResNet's half: the second panel, its picture above its caption
+        half = decoded[i][:h, w:2 * w].astype(float)
+        drawn = clips.render.overlay(runs[1].canvas, maps["resnet-cifar10"][i]).astype(float)
+        notice = clips.render.notice(runs[1].canvas, "no map").astype(float)
+        assert np.abs(half - drawn).mean() < 8 < np.abs(half - notice).mean(), f"frame {i}"   # H.264 aside
+        assert manifest["stability"]["agreement"]["per_frame"][i] == pytest.approx(
+            agreement(runs[0].canvas, runs[1].canvas, maps["swin-cifar10"][i], maps["resnet-cifar10"][i]), abs=1e-5)
+    steady = manifest["stability"]["consecutive_frames_spearman"]
+    for name, method in (("swin-cifar10", "rollout"), ("resnet-cifar10", "gradcam")):
+        stack = maps[name]
+        expected = np.mean([clips.spearman(a.ravel(), b.ravel()) for a, b in zip(stack[:-1], stack[1:])])
+        assert manifest["drawn"][name] == method and steady[name][method] == pytest.approx(expected, abs=1e-6)
+    assert manifest["stability"]["agreement"]["mean"] is not None
+    assert "resnet-cifar10: consecutive frames' maps correlate Grad-CAM **" in answer.stability
+    assert "on no method" not in answer.stability and "resnet-cifar10 has no attention" in answer.stability
+    assert "agree with a mean rank correlation" in answer.stability
 
 
 @pytest.mark.slow

@@ -22,15 +22,23 @@ from pathlib import Path
 from tqdm import tqdm
 
 from . import catalog, explain, hub, render
-from .export import (FORMATS, MANIFEST, drawing_threads, export_image, manifest, png_bytes, safe_name, write_atomic,
-                     write_manifest)
+from .compare import TOKENS
 from .data import IMAGE_SUFFIXES, DataError
 from .distributed import ranks as process_ranks
-from .image import ImageError, read_image
-from .compare import TOKENS
 from .explain import METHODS
+from .export import (
+    FORMATS,
+    MANIFEST,
+    drawing_threads,
+    export_image,
+    manifest,
+    png_bytes,
+    safe_name,
+    write_atomic,
+    write_manifest,
+)
+from .image import ImageError, read_image
 from .session import decode_side, explain_images, faithfulness_curves
-
 
 SIZE_HELP = ("input size in px (square) to run the models at, resized and cropped by each checkpoint's own rule "
              "(default: the catalog's size, e.g. 224 for DINOv2, else the checkpoint's own)")
@@ -251,7 +259,8 @@ def cmd_anatomy(args) -> int:
                               "per_layer_per_head": mean}, indent=2) + "\n").encode())
     write_atomic(out / f"{name}-attention-distance.png", png_bytes(render.attention_distance_plot({loaded.name: mean})))
     write_atomic(out / f"{name}-filters.png", png_bytes(render.filter_tiles(render.embedding_filters(loaded.model))))
-    write_atomic(out / f"{name}-position-similarity.png", png_bytes(render.position_tiles(render.position_embedding(loaded.model))))
+    write_atomic(out / f"{name}-position-similarity.png",
+                 png_bytes(render.position_tiles(render.position_embedding(loaded.model))))
     print(f"anatomy of {loaded.name} over {len(images)} image(s) written to {out}")
     return 0
 
@@ -288,6 +297,8 @@ def cmd_video(args) -> int:
                           for method, value in by.items() if value is not None)
         print(f"{path} -> {result.video} ({result.manifest['sampling']['frames']} frames; frame-to-frame rank "
               f"correlation {words})")
+        for note in result.fallbacks():   # a CNN drew Grad-CAM in place of a method that reads attention
+            print(f"  {note}")
     return 1 if failed else 0
 
 
@@ -312,7 +323,8 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     e = sub.add_parser("explain", help="explain images: maps, overlays, views and a manifest")
     e.add_argument("paths", nargs="+", help="image files, folders or globs")
-    e.add_argument("--models", nargs="+", default=["vit-cifar10", "cvt-cifar10"], help="catalog names, Hub ids or folders")
+    e.add_argument("--models", nargs="+", default=["vit-cifar10", "cvt-cifar10"],
+                   help="catalog names, Hub ids or folders")
     e.add_argument("--methods", nargs="+", default=["rollout"], choices=list(METHODS))
     e.add_argument("--out", required=True, help="output folder")
     e.add_argument("--batch-size", type=int, default=8)
@@ -375,7 +387,8 @@ def parser() -> argparse.ArgumentParser:
     w.add_argument("--models", nargs="+", default=list(catalog.BUNDLED_PAIR), help="one or two: catalog names, Hub "
                                                                                  "ids or folders")
     w.add_argument("--methods", nargs="+", default=["rollout"], choices=list(METHODS),
-                   help="the maps to compute per frame; the video draws the first")
+                   help="the maps to compute per frame; the video draws the first (a CNN: Grad-CAM where the "
+                        "first reads attention)")
     w.add_argument("--fps", type=float, default=8.0, help="frames sampled per second (the source rate when lower)")
     w.add_argument("--smoothing", type=float, default=0.0,
                    help="exponential moving average weight of the previous frame's map, in [0, 1) (0: off)")

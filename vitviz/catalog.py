@@ -4,25 +4,31 @@ Hub entries are the repos timm and Microsoft publish (timm's own `pretrained_cfg
 these repos); they are not pinned to a commit, so `vitviz.load` records the commit it got. The two
 bundled models are vitviz's own CIFAR-10 checkpoints in the repository's `checkpoints/` folder and
 need no network. Swin, ResNet and ConvNeXt are the designs the transformers are compared with (Liu et
-al. 2021 and 2022, He et al. 2016; Raghu et al. 2021 put ViT beside ResNet). DINO and DINOv2 are self-supervised: they have no classifier, so no predictions.
+al. 2021 and 2022, He et al. 2016; Raghu et al. 2021 put ViT beside ResNet). DINO and DINOv2 are
+self-supervised: they have no classifier, so no predictions.
 CLIP models (`takes_prompts`) classify over the prompts a person gives them (`LoadedModel.with_prompts`):
 OpenAI's ViT-B/16 from timm's repo of it (open_clip's files beside timm's) and LAION's ViT-B/32
 from its own repo (open_clip's files beside transformers').
 
 `size` is the input size a catalog name runs at when the caller names none. DINOv2 runs at 224 px,
 not its 518 px: at 518 a ViT-S/14 sees 1,370 tokens, and every attention map a trace keeps is 28x
-larger (README, "Models without a classifier").
+larger (docs/models.md, "Models without a classifier: DINO and DINOv2").
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-CHECKPOINTS = Path(__file__).resolve().parent.parent / "checkpoints"
+# the bundled models' folder: the repository's checkpoints/, beside the package; an installed wheel carries it
+# inside the package (pyproject.toml maps it to vitviz/checkpoints/)
+_PACKAGE = Path(__file__).resolve().parent
+CHECKPOINTS = _PACKAGE / "checkpoints" if (_PACKAGE / "checkpoints").is_dir() else _PACKAGE.parent / "checkpoints"
 
 
 @dataclass(frozen=True)
 class CatalogEntry:
+    """A model vitviz knows by a short name: where its checkpoint lives, its family, the line menus show
+    and the input size it runs at by default."""
     name: str
     source: str          # a Hub repo id, or a folder name under checkpoints/ for a bundled model
     family: str          # a key of `models.FAMILIES`: 'vit', 'cvt', 'swin', 'resnet', 'convnext'
@@ -127,4 +133,6 @@ PAIRS = {
 
 
 def bundled() -> list[CatalogEntry]:
+    """The catalog's bundled models (their checkpoints ship with vitviz, so they load offline), in catalog
+    order."""
     return [e for e in CATALOG.values() if e.bundled]

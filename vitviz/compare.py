@@ -77,10 +77,10 @@ from tqdm import tqdm
 from . import __version__, catalog, hub
 from .data import Dataset, open_data, spread
 from .distributed import ranks as process_ranks
-from .export import png_bytes, write_atomic
-from .image import ImageError
 from .explain.lens import relative_depth
 from .explain.receptive import ReceptiveFieldSum, receptive_field
+from .export import png_bytes, write_atomic
+from .image import ImageError
 from .models.trace import Trace
 
 TOKENS = ("mean", "cls", "flat")
@@ -89,7 +89,8 @@ CKA_FILE = "cka.npz"
 RECEPTIVE_FILE, RECEPTIVE_PLOT = "receptive-field.npz", "receptive-field.png"   # --receptive-field
 SUMMARY = "summary.json"
 MATRICES = ("a_vs_b", "a_vs_a", "b_vs_b")    # cka.npz's arrays and the heatmaps' file stems
-# the shipped results, `compare`'s output over 1,000 CIFAR-10 test images (<folder>/<tokens>/), by pair of bundled models
+# the shipped results, `compare`'s output over 1,000 CIFAR-10 test images (<folder>/<tokens>/),
+# by pair of bundled models
 PUBLISHED = {pair: catalog.CHECKPOINTS / f"compare-{pair[0].split('-')[0]}-{pair[1].split('-')[0]}-cifar10"
              for pair in (catalog.BUNDLED_PAIR, ("vit-cifar10", "swin-cifar10"), ("cvt-cifar10", "swin-cifar10"),
                           ("vit-cifar10", "resnet-cifar10"), ("cvt-cifar10", "resnet-cifar10"))}
@@ -124,12 +125,12 @@ def centre(k: Tensor) -> Tensor:
     return k - k.mean(dim=1, keepdim=True)
 
 
-def hsic(k: Tensor, l: Tensor, *, debiased: bool = True) -> Tensor:
+def hsic(gram_x: Tensor, gram_y: Tensor, *, debiased: bool = True) -> Tensor:
     """HSIC_1 (debiased) or HSIC_0 of two n n Gram matrices."""
-    n = k.shape[0]
+    n = gram_x.shape[0]
     if debiased:
-        return (u_centre(k) * u_centre(l)).sum() / (n * (n - 3))
-    return (centre(k) * centre(l)).sum() / (n - 1) ** 2
+        return (u_centre(gram_x) * u_centre(gram_y)).sum() / (n * (n - 3))
+    return (centre(gram_x) * centre(gram_y)).sum() / (n - 1) ** 2
 
 
 def cka(x: Tensor | np.ndarray, y: Tensor | np.ndarray, *, debiased: bool = True) -> float:
@@ -140,8 +141,9 @@ def cka(x: Tensor | np.ndarray, y: Tensor | np.ndarray, *, debiased: bool = True
     if n < (MIN_BATCH if debiased else 2):
         raise ValueError(f"{'debiased ' if debiased else ''}CKA needs at least {MIN_BATCH if debiased else 2} "
                          f"rows, not {n}")
-    k, l = gram(x), gram(y)
-    return float(hsic(k, l, debiased=debiased) / (hsic(k, k, debiased=debiased) * hsic(l, l, debiased=debiased)).sqrt())
+    gram_x, gram_y = gram(x), gram(y)
+    return float(hsic(gram_x, gram_y, debiased=debiased)
+                 / (hsic(gram_x, gram_x, debiased=debiased) * hsic(gram_y, gram_y, debiased=debiased)).sqrt())
 
 
 # ---- layers of a trace ----------------------------------------------------------------------------------
@@ -179,6 +181,8 @@ def block_features(trace: Trace, tokens: str = "mean") -> dict[str, Tensor]:
 
 @dataclass(frozen=True)
 class CKAResult:
+    """CKA between every layer of two models over `images` images: `a_vs_b` (layers_a x layers_b) and each
+    model against itself, with the layers' names; what cka.npz holds."""
     a_vs_b: np.ndarray            # layers_a x layers_b
     a_vs_a: np.ndarray
     b_vs_b: np.ndarray
@@ -371,6 +375,8 @@ def reach_curves(fields: Sequence, traces: Sequence[Trace], names: Sequence[str]
 
 
 def write_result(out: Path, result: CKAResult, summary: dict) -> None:
+    """A CKA run written into `out`: cka.npz, one heatmap PNG per matrix and summary.json, each file
+    whole or not at all (`write_atomic`)."""
     names = tuple(m["name"] for m in summary["models"])
     write_atomic(out / CKA_FILE, result.npz_bytes())
     for matrix, image in heatmaps(result, names, tokens=summary["tokens"]).items():

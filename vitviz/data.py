@@ -37,6 +37,7 @@ class DataError(ValueError):
 
 @dataclass(frozen=True, eq=False)
 class Dataset:
+    """Images read one at a time by index, with their labels and classes where the data has them."""
     name: str                          # what summaries call it: the path as given, or "cifar10-test"
     ids: tuple[str, ...]               # one per image: its file (relative to the folder) or "<split>/<index>"
     labels: tuple[int, ...] | None     # indices into `classes`; None when the data has no labels
@@ -76,6 +77,8 @@ def open_data(spec: str | Path, *, split: str = "test") -> Dataset:
 
 
 def open_folder(folder: Path) -> Dataset:
+    """A folder of images as a `Dataset`: labelled by its class sub-folders' names, or unlabelled when
+    flat. Raises `DataError` for a folder that mixes the two or holds no images."""
     def images_in(path: Path) -> list[Path]:
         return sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
 
@@ -98,6 +101,8 @@ def open_folder(folder: Path) -> Dataset:
 
 
 def open_npz(path: str | Path, *, split: str = "test") -> Dataset:
+    """The `split` of an .npz of JPEG bytes (the layout of cifar10_jpeg.npz) as a `Dataset`, read without
+    pickle and only that split's arrays; `DataError` says what is missing or inconsistent."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such file (the CIFAR-10 data is ../shared/data/cifar10_jpeg.npz beside the "
@@ -133,6 +138,8 @@ def open_npz(path: str | Path, *, split: str = "test") -> Dataset:
 
 
 def cifar10_test() -> Dataset:
+    """torchvision's CIFAR-10 test split as a `Dataset`, downloaded once to `$TORCH_HOME/datasets`;
+    `DataError` where it cannot be had (no network: pass the .npz instead)."""
     from torchvision.datasets import CIFAR10
 
     root = Path(torch.hub.get_dir()).parent / "datasets"

@@ -52,7 +52,7 @@ to its own `records-rank<r>.jsonl` after every chunk; `--resume` skips the image
 any rank's file, for the same run settings) are complete. Rank 0 gathers every rank's lines, writes
 the merged `records.jsonl`, `summary.json`, `summary.md` and per model `<model>/summary.json` (the file
 shipped next to a checkpoint: `SUMMARY`) and `<model>/curves.png`.
-"""
+"""  # noqa: E501 (the table's rows cannot wrap)
 from __future__ import annotations
 
 import functools
@@ -84,6 +84,8 @@ RANDOM = "random"             # the random map's name in records and summaries
 
 @dataclass(frozen=True)
 class Test:
+    """One faithfulness test: its name, the title figures give it, the number per image (AUC or AOPC),
+    which way is better and what its curve plots."""
     name: str
     title: str
     value: str       # the number per image: 'AUC' or 'AOPC'
@@ -108,6 +110,8 @@ FORWARD_BATCH = {"cpu": 8, "cuda": 256}
 
 @dataclass(frozen=True)
 class Settings:
+    """How an evaluation runs: images per chunk, perturbed images per forward, steps, regions and the
+    bootstrap; a value below 1 is refused."""
     batch_size: int = 32        # images per chunk: the unit of batching, sharding and resuming
     forward_batch: int | None = None   # perturbed images per forward (None: FORWARD_BATCH for the device)
     steps: int = 16             # deletion / insertion steps
@@ -272,8 +276,9 @@ def evaluate_chunk(chunk: Sequence[int], *, data: Dataset, models: Sequence, met
     return [records[index] for index in chunk], work
 
 
-def evaluate(*, models: Sequence[str], data: str | Path | Dataset, out: str | Path, methods: Sequence[str] | None = None,
-             limit: int | None = None, resume: bool = False, settings: Settings = Settings(),
+def evaluate(*, models: Sequence[str], data: str | Path | Dataset, out: str | Path,
+             methods: Sequence[str] | None = None, limit: int | None = None, resume: bool = False,
+             settings: Settings = Settings(),
              device: str | None = None, progress: bool = True, prompts: str | None = None) -> dict | None:
     """Evaluate every method on every model over the data (see the module docstring). Under torchrun
     each rank takes its chunks; rank 0 returns the summary (the other ranks None). `prompts`: the template
@@ -433,6 +438,8 @@ def model_summary(summary: dict, model: str) -> dict:
 
 
 def write_summary(out: Path, summary: dict) -> None:
+    """An evaluation's summary written into `out`: summary.json and summary.md for all models, and per
+    model a folder with its own summary.json (what ships beside a checkpoint) and curves.png."""
     write_atomic(out / SUMMARY, (json.dumps(summary, indent=1) + "\n").encode())
     write_atomic(out / "summary.md", (markdown(summary) + "\n").encode())
     for name in summary["models"]:
@@ -457,7 +464,8 @@ def markdown(summary: dict) -> str:
         accuracy = f", accuracy {model['accuracy']:.3f}" if model["accuracy"] is not None else ""
         parts.append(f"**{name}** on {data['images']} images of {Path(data['name']).name}{accuracy}; "
                      f"perturbation tests scored against {against}.\n")
-        parts.append("| method | " + " | ".join(f"{t['name']} {t['value']} {arrow[t['better']]}" for t in tests.values())
+        parts.append("| method | "
+                     + " | ".join(f"{t['name']} {t['value']} {arrow[t['better']]}" for t in tests.values())
                      + " | compared with a random map |")
         parts.append("|---" * (len(tests) + 2) + "|")
         for method, results in model["methods"].items():

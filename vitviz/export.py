@@ -34,6 +34,7 @@ from threadpoolctl import threadpool_limits
 from . import __version__
 from .explain import METHODS, direct_logit_attribution, method as find_method, token_effect_maps
 from .session import ModelRun
+from .views import grid_views, map_view, stage_views
 
 MANIFEST = "manifest.json"
 FORMATS = ("png", "npy")   # what is written per map: the drawn overlay (and every other view), the array
@@ -49,6 +50,8 @@ def safe_name(name: str) -> str:
 
 
 def write_atomic(path: Path, data: bytes) -> None:
+    """`data` written to `path` (its folders made) through a temporary file renamed into place, so a
+    reader never finds half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_bytes(data)
@@ -92,6 +95,7 @@ def drawing_threads() -> threadpool_limits:
 
 
 def npy_bytes(array: np.ndarray) -> bytes:
+    """An array as .npy bytes in float32, saved without pickle: what every exported map is."""
     buffer = io.BytesIO()
     np.save(buffer, np.asarray(array, dtype=np.float32), allow_pickle=False)
     return buffer.getvalue()
@@ -125,7 +129,7 @@ def image_files(run: ModelRun, methods: Sequence[str], *, formats: Sequence[str]
             files[f"{method}.npy"] = npy_bytes(values)
             entry["maps"][method]["file"] = f"{method}.npy"
         if "png" in formats:
-            files[f"{method}.png"] = png_bytes(run.map_view(method, values=values))
+            files[f"{method}.png"] = png_bytes(map_view(run, method, values=values))
         if not run.has_classifier and find_method(method).targeted:
             entry["maps"][method]["explains"] = run.explained_target(method)
         if faithfulness_steps and run.has_classifier:
@@ -134,11 +138,12 @@ def image_files(run: ModelRun, methods: Sequence[str], *, formats: Sequence[str]
     if decide:
         entry["decide"] = decide_files(run, files, formats=formats, decided=decided)
     if "png" in formats:
-        for k, view in enumerate(run.grid_views()):
+        for k, view in enumerate(grid_views(run)):
             files[f"grid-{k + 1}.png"] = png_bytes(view)
-        views = run.stage_views()
+        views = stage_views(run)
         for k in range(len(views) // 2):
-            files[f"stage-{k + 1}-pca.png"], files[f"stage-{k + 1}-norm.png"] = png_bytes(views[2 * k]), png_bytes(views[2 * k + 1])
+            files[f"stage-{k + 1}-pca.png"] = png_bytes(views[2 * k])
+            files[f"stage-{k + 1}-norm.png"] = png_bytes(views[2 * k + 1])
     entry["files"] = sorted(files)
     return files, entry
 
@@ -200,6 +205,8 @@ def model_entry(loaded) -> dict:
 
 def manifest(*, models: Iterable, methods: Sequence[str], params: dict, images: list[dict], skipped: list[dict],
              faithfulness_steps: int) -> dict:
+    """manifest.json's content: the vitviz version and time, each model's provenance and preprocessing,
+    the methods with their knobs, and the images written and skipped."""
     return {"vitviz_version": __version__, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "models": [model_entry(m) for m in models],
             "methods": {m: {"name": METHODS[m].title, **params} for m in methods},
@@ -207,6 +214,7 @@ def manifest(*, models: Iterable, methods: Sequence[str], params: dict, images: 
 
 
 def write_manifest(out: Path, data: dict, *, name: str = MANIFEST) -> None:
+    """The manifest written into `out` as indented JSON, whole or not at all."""
     write_atomic(Path(out) / name, (json.dumps(data, indent=2) + "\n").encode())
 
 

@@ -5,9 +5,9 @@ floor(size / crop_pct), bicubic, centre crop), transformers' ConvNeXt image proc
 ConvNeXt: shorter side to 256 then crop 224; a plain resize to 384x384 at 384) and its ViT image
 processor (Swin: a plain resize to 224x224), so every view can invert exactly what the model saw.
 `Transform.from_timm`, `Transform.from_convnext_processor`, `Transform.from_vit_processor`,
-`Transform.from_open_clip` and `Transform.from_clip_processor` read those from the checkpoint's own config; all resize with PIL,
-as timm's `create_transform`, open_clip's transform (torchvision on PIL images) and transformers'
-PIL image processors do, so the pixels are the same (the tests compare them).
+`Transform.from_open_clip` and `Transform.from_clip_processor` read those from the checkpoint's own
+config; all resize with PIL, as timm's `create_transform`, open_clip's transform (torchvision on PIL
+images) and transformers' PIL image processors do, so the pixels are the same (the tests compare them).
 
 CLIP's text side is preprocessing too: `prompts_from_text` turns what a person types ("dog, ball,
 grass") into prompts through CLIP's template, and `Tokenizer` turns prompts into token ids.
@@ -37,6 +37,8 @@ CVT_PLAIN_RESIZE_FROM = 384                   # the ConvNeXt/CvT processor stops
 
 @dataclass(frozen=True)
 class Transform:
+    """A checkpoint's preprocessing: resize (shorter side or exact size), centre crop, normalise; and
+    the way back from the model's pixels to the image's."""
     crop: tuple[int, int]             # (h, w) the model sees
     resize: int | tuple[int, int]     # int: shorter side to this many px; (h, w): exact size (no crop margin)
     mean: tuple[float, float, float]
@@ -211,7 +213,7 @@ class Tokenizer:
     tokens (cut to fit), zeros after."""
 
     def __init__(self, context_length: int = 77):
-        from open_clip.tokenizer import SimpleTokenizer   # imports in a second; only CLIP models need it
+        from open_clip.tokenizer import SimpleTokenizer  # imports in a second; only CLIP models need it
 
         self._bpe = SimpleTokenizer(context_length=context_length)
         self.context_length = context_length

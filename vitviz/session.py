@@ -1,8 +1,8 @@
-"""One image, N models: preprocess and trace once per model, keep the traces, compute maps and
-views on demand from them (cached), so a slider move never reruns a model.
+"""One image, N models: preprocess and trace once per model, keep the traces, compute maps on demand
+from them (cached), so a slider move never reruns a model; `vitviz.views` draws what a run keeps.
 
     runs = explain_image(image, [vitviz.load("vit-cifar10"), vitviz.load("cvt-cifar10")])
-    runs[0].top(5), runs[0].token_map("rollout"), runs[0].view("rollout")
+    runs[0].top(5), runs[0].token_map("rollout"), views.map_view(runs[0], "rollout")
 
 A model without a classifier (DINO, DINOv2) has no predictions: `top()` is empty, and the methods
 that explain a class explain instead the similarity of its pooled output to a reference direction
@@ -21,14 +21,11 @@ from typing import Sequence
 
 import numpy as np
 import torch
-from einops import rearrange
 from PIL import Image
 
 from . import explain, render
-from .models.trace import Trace
+from .models.trace import BlockTrace, Trace
 from .render.geometry import MAX_SIDE
-from .render.grid import KIND_NAMES
-
 
 
 class ModelGate:
@@ -59,6 +56,7 @@ MODEL_GATE = ModelGate(int(os.environ.get("VITVIZ_MODEL_SLOTS", "1")))
 
 @dataclass(frozen=True)
 class Prediction:
+    """One class of a model's top k: its index, its label and its probability."""
     index: int
     label: str
     prob: float
@@ -104,8 +102,21 @@ def trace_batch(loaded, pixels: torch.Tensor) -> list[Trace]:
             for i in range(pixels.shape[0])]
 
 
+def centre_token(block: BlockTrace) -> tuple[int, int]:
+    """The (row, column) of the token in the middle of a block's query grid: the query of a model without a
+    class token."""
+    return block.query_grid[0] // 2, block.query_grid[1] // 2
+
+
+def overview_method(*, attends: bool) -> str:
+    """The map a model's first screen shows: attention rollout (from the kept trace), or for a model without
+    attention Grad-CAM of its top class."""
+    return "rollout" if attends else "gradcam"
+
+
 class ModelRun:
-    """One model on one image: its pixels, its trace, and every map and view asked of it so far."""
+    """One model on one image: its pixels, its trace, its predictions, and every map asked of it so far (the
+    views drawn from them are functions of a run, in `vitviz.views`)."""
 
     def __init__(self, loaded, image: Image.Image, *, pixels: torch.Tensor | None = None, trace: Trace | None = None):
         self.loaded = loaded
@@ -132,9 +143,8 @@ class ModelRun:
 
     @property
     def overview_method(self) -> str:
-        """The map the first screen shows: attention rollout (from the kept trace), or for a model without
-        attention Grad-CAM of its top class."""
-        return "rollout" if self.attends else "gradcam"
+        """The map the first screen shows (`overview_method`)."""
+        return overview_method(attends=self.attends)
 
     def applies(self, method: str) -> bool:
         """Whether `method` can explain this model (a method that reads attention cannot explain a CNN)."""
@@ -231,7 +241,7 @@ class ModelRun:
         """The position in the token sequence of the grid token under a display point (None: no point, or
         one the model never saw): the reference of a model without a classifier."""
         block = self.trace.blocks[-1]
-        token = self._token_at(point, block) if point is not None else None
+        token = self.token_at(point, block) if point is not None else None
         return None if token is None else block.prefix + token[0] * block.query_grid[1] + token[1]
 
     def explained_target(self, method: str, *, target: int | None = None,
@@ -251,24 +261,20 @@ class ModelRun:
         """One block's raw attention on its query grid: the class token's row (or, with a display
         `point`, that token's row: where it looks; direction='column': who looks at it)."""
         block = self.trace.blocks[layer]
-        token = self._token_at(point, block) if point is not None else None
+        token = self.token_at(point, block) if point is not None else None
         if direction == "column":
             if token is None or isinstance(token, str):
                 raise ValueError("pick a point on the image to see who looks at it")
             values = explain.key_attention(self.trace, layer=layer, patch=token, head=head)
         else:
             if token is None:
-                token = block.prefix_kinds[0] if block.prefix_kinds else self._centre_token(block)
+                token = block.prefix_kinds[0] if block.prefix_kinds else centre_token(block)
             values = explain.query_attention(self.trace, layer=layer, query=token, head=head, on_query_grid=True)
         return values[0].numpy()
 
-    def _token_at(self, point, block):
-        field = self.canvas.field(block.stage)
-        return self.canvas.token_at(point, field)
-
-    @staticmethod
-    def _centre_token(block) -> tuple[int, int]:
-        return block.query_grid[0] // 2, block.query_grid[1] // 2
+    def token_at(self, point: tuple[float, float], block: BlockTrace) -> tuple[int, int] | None:
+        """The token (row, column) of `block`'s grid under a display point; None where the model never saw it."""
+        return self.canvas.token_at(point, self.canvas.field(block.stage))
 
     def faithfulness_key(self, method: str, *, target: int | None = None, steps: int = 16) -> tuple:
         return ("faithfulness", method, self.target(target), int(steps))
@@ -276,232 +282,6 @@ class ModelRun:
     def faithfulness(self, method: str, *, target: int | None = None, steps: int = 16) -> dict:
         """Deletion and insertion curves of a method's map and of a random order, with their AUCs (kept)."""
         return faithfulness_curves([self], method, targets=[target], steps=steps)[0]
-
-    # -- views: captioned h w 3 uint8 images in the original image's frame --------------------------------
-
-    def map_view(self, method: str, *, values: np.ndarray | None = None, target: int | None = None,
-                 scale: tuple[float, float] | None = None, mode: str = "bilinear", style: str = "heatmap",
-                 cmap: str | None = None, **params) -> np.ndarray:
-        """A method's map over the image with its colour bar; `values` (e.g. per-uniform units) and
-        `scale` (vmin, vmax) let several panels share one colour scale. A signed map (relevance) is drawn
-        on a scale symmetric about 0, in `render.SIGNED_CMAP` unless `cmap` says otherwise."""
-        m = explain.method(method)
-        if not self.applies(method):
-            return render.caption(render.notice(self.canvas, self.no_attention(m.title)), model=self.name,
-                                  method=m.title)
-        if values is None:
-            values = self.token_map(method, target=target, **params)
-        if scale is not None:
-            vmin, vmax = scale
-        elif m.signed:
-            vmax = max(float(np.abs(values).max()), np.finfo(np.float32).tiny)
-            vmin = -vmax
-        else:
-            vmin, vmax = float(values.min()), float(values.max())
-        cmap = cmap or (render.SIGNED_CMAP if m.signed else render.DEFAULT_CMAP)
-        view = render.overlay(self.canvas, values, mode=mode, style=style, cmap=cmap, vmin=vmin, vmax=vmax)
-        view = render.with_colorbar(view, vmin=vmin, vmax=vmax, cmap=cmap)
-        if m.targeted and not self.has_classifier:
-            explained = self.explained_target(method, point=params.get("point"))
-            return render.caption(view, model=self.name, method=f"{m.title} of {explained}")
-        label = self.label(self.target(target)) if m.targeted else None
-        return render.caption(view, model=self.name, method=m.title, target=label)
-
-    def attention_view(self, *, layer: int, head: int | None = None, point: tuple[float, float] | None = None,
-                       direction: str = "row", cmap: str = render.DEFAULT_CMAP) -> np.ndarray:
-        if not self.attends:
-            return render.caption(render.notice(self.canvas, self.no_attention("attention map")), model=self.name,
-                                  method="attention", layer=layer + 1)
-        values = self.attention_map(layer=layer, head=head, point=point, direction=direction)
-        block = self.trace.blocks[layer]
-        view = render.overlay(self.canvas, values, field=block.stage, cmap=cmap, point=point)
-        what = ("who looks at the chosen token" if direction == "column" else
-                "where the chosen token looks" if point is not None else
-                f"where the {'class token' if block.prefix_kinds[:1] == ('cls',) else 'centre token'} looks")
-        view = render.with_colorbar(view, vmin=float(values.min()), vmax=float(values.max()), cmap=cmap)
-        return render.caption(view, model=self.name, method=f"attention: {what}", layer=layer + 1,
-                              head="mean" if head is None else head + 1,
-                              note=f"stage {block.stage + 1}" if len(self.trace.embeddings) > 1 else None)
-
-    def grid_views(self, *, point: tuple[float, float] | None = None) -> list[np.ndarray]:
-        """How the model cuts the image into tokens: ViT's patch grid, or each CvT stage's lattice, with what
-        they show written on them (files that travel alone)."""
-        if self._patch_grid:
-            kinds = self.trace.blocks[0].prefix_kinds
-            view = render.patch_grid(self.canvas, prefix_kinds=kinds, point=point)
-            return [render.caption(view, model=self.name, method="patch grid",
-                                   note=render.prefix_legend(kinds, self.canvas.fields[0].grid))]
-        return [render.caption(view, model=self.name, method=f"stage {i + 1} tokens")
-                for i, view in enumerate(render.stage_grids(self.canvas, point=point))]
-
-    def grid_gallery(self, *, point: tuple[float, float] | None = None) -> list[tuple[np.ndarray, str]]:
-        """`grid_views` for a page: the drawings, with what they say as captions (page text) rather than pixels."""
-        if self._patch_grid:
-            kinds = self.trace.blocks[0].prefix_kinds
-            return [(render.patch_grid(self.canvas, prefix_kinds=kinds, point=point),
-                     f"{self.name} · patch grid · {render.prefix_legend(kinds, self.canvas.fields[0].grid)}")]
-        return [(view, f"{self.name} · " + "; ".join(render.stage_lines(self.canvas, i, point=point)))
-                for i, view in enumerate(render.stage_grids(self.canvas, point=point, legend=False))]
-
-    @property
-    def _patch_grid(self) -> bool:
-        """Whether the model's tokens are one grid of non-overlapping patches (ViT), not overlapping stages."""
-        fields = self.canvas.fields
-        return len(fields) == 1 and fields[0].stride == fields[0].size
-
-    def stage_views(self) -> list[np.ndarray]:
-        """Per stage: the features' first three principal components as RGB, and the per-token norms."""
-        views = []
-        for i, features in enumerate(self.trace.features):
-            views.append(render.caption(render.stage_pca(self.canvas, features[0], stage=i), model=self.name,
-                                        method=f"stage {i + 1} features: PCA as RGB"))
-            views.append(render.caption(render.feature_norm(self.canvas, features[0], stage=i), model=self.name,
-                                        method=f"stage {i + 1} features: token L2 norm"))
-        return views
-
-    def channel_view(self, stage: int) -> np.ndarray:
-        return render.caption(render.channel_gallery(self.canvas, self.trace.features[stage][0], stage=stage),
-                              model=self.name, method=f"stage {stage + 1}: most active channels")
-
-    def norm_view(self, layer: int) -> np.ndarray:
-        grids, prefixes = explain.token_norms(self.trace)
-        block = self.trace.blocks[layer]
-        prefix = {name: float(v) for name, v in zip(prefix_names(block.prefix_kinds), prefixes[layer][0])}
-        view = render.token_norm_map(self.canvas, grids[layer][0], field=block.stage, prefix_norms=prefix)
-        return render.caption(view, model=self.name, method="token norms", layer=layer + 1)
-
-    # -- views that need no class, each (image, caption): the caption is what the app shows as page text ---------
-
-    def _query(self, layer: int, point) -> explain.attention.Token:
-        """The token whose attention a view shows: the one under the display `point`, else the class token
-        (a model or CvT stage without one: the centre token)."""
-        block = self.trace.blocks[layer]
-        token = self._token_at(point, block) if point is not None else None
-        if token is not None:
-            return token
-        return "cls" if "cls" in block.prefix_kinds else self._centre_token(block)
-
-    @staticmethod
-    def _token_words(token) -> str:
-        return "the class token" if token == "cls" else f"the token at row {token[0]}, column {token[1]}"
-
-    def head_views(self, *, layer: int = -1, point: tuple[float, float] | None = None, fraction: float | None = None,
-                   style: str = "outline") -> tuple[list[tuple[np.ndarray, str]], str]:
-        """Every head of block `layer` (default the last): where the class token (or the token under the display
-        `point`) looks, each head on its own colour scale, their mean first. With `fraction`, each map's
-        smallest token set holding that share of its attention (`explain.mass_threshold`), drawn as `style`:
-        'outline' or 'mask'. -> (the views with short captions, one line that says what they all show)."""
-        layer = range(len(self.trace.blocks))[layer]
-        if not self.attends:
-            return [(render.notice(self.canvas, self.no_attention("attention head")), "no attention")], \
-                self.no_attention("attention head")
-        block, token = self.trace.blocks[layer], self._query(layer, point)
-        maps = explain.head_attention(self.trace, layer=layer, query=token, on_query_grid=True)[0]   # h gh gw
-        maps = torch.cat([maps.mean(dim=0, keepdim=True), maps])
-        masks = explain.mass_threshold(maps, fraction).numpy() if fraction else [None] * len(maps)
-        views = []
-        for k, (values, mask) in enumerate(zip(maps.numpy(), masks)):
-            image = render.head_tile(self.canvas, values, field=block.stage, mask=mask, style=style, point=point)
-            head = f"mean of the {len(maps) - 1} heads" if k == 0 else f"head {k}"
-            views.append((image, head if mask is None else f"{head} · {int(mask.sum())} of {mask.size} tokens"))
-        kept = "" if fraction is None else (f"; {'outlined' if style == 'outline' else 'unmasked'}: the fewest tokens "
-                                            f"holding {fraction:.0%} of each map's attention")
-        return views, (f"{self.name}, layer {layer + 1}: where {self._token_words(token)} looks, every head on its own "
-                       f"colour scale{kept}")
-
-    def model_view(self, *, point: tuple[float, float] | None = None, fraction: float | None = None,
-                   style: str = "outline", side: int = 160) -> list[tuple[np.ndarray, str]]:
-        """Every layer x head (the "model view"): per layer, its heads as `side`-px tiles in one row, head 1
-        on the left, for the class token or the token under the display `point` (`head_views`' options)."""
-        if not self.attends:
-            return [(render.notice(self.canvas, self.no_attention("attention head")), "no attention")]
-        views = []
-        for layer, block in enumerate(self.trace.blocks):
-            token = self._query(layer, point)
-            maps = explain.head_attention(self.trace, layer=layer, query=token, on_query_grid=True)[0]
-            masks = explain.mass_threshold(maps, fraction).numpy() if fraction else None
-            strip = render.layer_strip(self.canvas, maps.numpy(), field=block.stage, masks=masks, style=style, side=side)
-            views.append((strip, f"layer {layer + 1}: heads 1-{len(maps)}, left to right; {self._token_words(token)}"))
-        return views
-
-    def window_views(self, *, layer: int, point: tuple[float, float] | None = None) -> list[tuple[np.ndarray, str]]:
-        """Block `layer`'s windows (`render.window_view`) and the grid as it partitions it after its roll
-        (`render.rolled_view`), the token under the display `point` with the keys it sees; a model whose
-        attention is global, or that has none, gets one view saying so."""
-        block = self.trace.blocks[layer]
-        part = block.windows
-        if part is None:
-            what = (self.no_attention("attention window") if not self.attends else
-                    f"{self.name} attends globally: every token of a block sees every other one (one window "
-                    f"of the whole {block.key_grid[0]}x{block.key_grid[1]} key grid).")
-            return [(render.notice(self.canvas, what), what)]
-        stride = self.canvas.fields[block.stage].stride
-        shifted = (f"shifted by {part.shift} tokens ({part.shift * stride} px): the windows of the last row and "
-                   f"column wrap around the edges, and the parts of one window (the same number) are kept apart by "
-                   f"the mask" if part.shift else "regular windows (no shift)")
-        return [(render.window_view(self.canvas, part, stage=block.stage, point=point),
-                 f"{self.name} · layer {layer + 1}: {part.count[0] * part.count[1]} windows of {part.size}x{part.size} "
-                 f"tokens ({part.size * stride} px), {shifted}"),
-                (render.rolled_view(self.canvas, part, stage=block.stage, point=point),
-                 f"{self.name} · layer {layer + 1}: the {part.grid[0]}x{part.grid[1]} grid as the block cuts it"
-                 + (f", after rolling it by -{part.shift} tokens on both axes; dashed: where the rows and columns the "
-                    f"roll wrapped around begin" if part.shift else " (this block does not roll it)"))]
-
-    def feature_pca_view(self) -> tuple[np.ndarray, str]:
-        """The DINOv2 paper's picture of the last layer's patch features (`render.foreground_pca`): a ViT's
-        patch tokens through the final norm, as DINOv2 shows them; a CvT's stage-3 feature map."""
-        stage = len(self.trace.features) - 1
-        if self.trace.final_tokens is not None:
-            block = self.trace.blocks[-1]
-            h, w = block.query_grid
-            features = rearrange(self.trace.final_tokens[0, block.prefix:], '(h w) c -> c h w', h=h, w=w)
-        else:
-            features = self.trace.features[stage][0]
-        view, foreground = render.foreground_pca_view(self.canvas, features, stage=stage)
-        return view, (f"{self.name} · last layer's patch features: the first three principal components of the "
-                      f"{int(foreground.sum())} foreground tokens (of {foreground.size}) as red, green and blue; the "
-                      f"background (black) is the side of the first component's mean that holds more of the border")
-
-    def artefact_views(self, *, layer: int = -1) -> tuple[list[tuple[np.ndarray, str]], list[tuple[np.ndarray, str]], str]:
-        """The high-norm artefact tokens of block `layer` (`explain.artefact_tokens`): (the token norms with them
-        ringed and the class token's attention (head mean) with them ringed; each register's own attention,
-        [] without registers; a summary in words: their count, the share of the class token's attention on them)."""
-        layer = range(len(self.trace.blocks))[layer]
-        block = self.trace.blocks[layer]
-        field = self.canvas.fields[block.stage]
-        grids, prefixes = explain.token_norms(self.trace)
-        norms = grids[layer][0].numpy()
-        artefacts = explain.artefact_tokens(self.trace, layer=layer)[0].numpy()
-        count, median = int(artefacts.sum()), float(np.median(norms))
-        found = {0: "no high-norm tokens", 1: "1 high-norm token"}.get(count, f"{count} high-norm tokens")
-        prefix = ", ".join(f"{name} {float(v):.3g}" for name, v in zip(prefix_names(block.prefix_kinds),
-                                                                       prefixes[layer][0]))
-        views = [(render.token_norm_map(self.canvas, norms, field=field, legend=False),
-                  f"{self.name} · token norms at layer {layer + 1}: median {median:.3g}, largest {norms.max():.3g}; "
-                  f"{found}" + (" (ringed)" if count else "") + (f"; {prefix}" if prefix else ""))]
-        summary = (f"**{self.name}**, layer {layer + 1}: **{found}** (a norm more than {explain.OUTLIER_Z:g} robust "
-                   f"standard deviations above the median, {median:.3g})")
-        if "cls" in block.prefix_kinds:
-            attention = explain.query_attention(self.trace, layer=layer, query="cls", on_query_grid=True)[0].numpy()
-            view = render.overlay(self.canvas, attention, field=field)
-            render.ring_tokens(view, self.canvas, artefacts, field=field)
-            share = float(attention[artefacts].sum() / attention.sum())
-            on_them = f": {share:.0%} of it on the {found} (ringed)" if count else ""
-            views.append((view, f"{self.name} · where the class token looks at layer {layer + 1} (head mean){on_them}"))
-            summary += f", which draw {share:.0%} of the class token's attention" if count else ""
-        registers = []
-        for n, k in enumerate(k for k, kind in enumerate(block.prefix_kinds) if kind == "reg"):
-            attention = explain.query_attention(self.trace, layer=layer, query=k, on_query_grid=True)[0].numpy()
-            registers.append((render.overlay(self.canvas, attention, field=field),
-                              f"{self.name} · where register {n + 1} looks at layer {layer + 1} (head mean)"))
-        summary += f"; {len(registers)} register tokens" if registers else "; no register tokens"
-        return views, registers, summary + "."
-
-
-def prefix_names(kinds: Sequence[str]) -> list[str]:
-    """'class token', 'register 1', 'register 2', ...: the prefix tokens by kind, numbered where a kind repeats."""
-    names = [KIND_NAMES.get(k, k) for k in kinds]
-    return [f"{name} {names[:i + 1].count(name)}" if names.count(name) > 1 else name for i, name in enumerate(names)]
 
 
 def faithfulness_curves(runs: Sequence[ModelRun], method: str, *, targets: Sequence[int | None] | None = None,
@@ -530,7 +310,8 @@ def faithfulness_scores(model, pixels: torch.Tensor, maps: Sequence[np.ndarray],
     (fractions, deletion), (_, insertion) = (explain.faithfulness.deletion(pixels, orders, steps=steps),
                                              explain.faithfulness.insertion(pixels, orders, steps=steps))
     with MODEL_GATE():
-        scores = explain.faithfulness.score(model, [deletion, insertion], torch.tensor(list(targets), device=pixels.device))
+        scores = explain.faithfulness.score(model, [deletion, insertion],
+                                            torch.tensor(list(targets), device=pixels.device))
     results = []
     for j, target in enumerate(targets):
         curves = {"target": int(target), "fractions": fractions.tolist()}
@@ -592,6 +373,8 @@ def agreement(a: render.Canvas, b: render.Canvas, map_a: np.ndarray, map_b: np.n
 
 
 def spearman(x: np.ndarray, y: np.ndarray) -> float | None:
+    """Spearman's rank correlation of two equal-length samples (ties share their mean rank); None where one of
+    them is constant, so has no ranking."""
     def ranks(v):   # average ranks for ties
         order = np.argsort(v, kind="stable")
         r = np.empty(len(v))

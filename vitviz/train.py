@@ -23,8 +23,16 @@ from tqdm import tqdm
 
 from .bundle import save_bundle
 from .data import DataError, open_npz, spread
-from .models import (CvTConfig, CvTStageConfig, FAMILIES, ResNetConfig, SwinConfig, ViTConfig, family_of_config,
-                     num_params)
+from .models import (
+    FAMILIES,
+    CvTConfig,
+    CvTStageConfig,
+    ResNetConfig,
+    SwinConfig,
+    ViTConfig,
+    family_of_config,
+    num_params,
+)
 from .preprocess import Transform
 
 CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
@@ -60,7 +68,8 @@ ARCHITECTURES = {
 }
 
 
-def load_cifar10(path: str | Path, split: str, limit: int | None = None) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+def load_cifar10(path: str | Path, split: str,
+                 limit: int | None = None) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
     """-> (uint8 images n 3 32 32, int64 labels n, class names) from the shared JPEG npz; a limited
     subset is spread evenly over the file, which is ordered by class."""
     data = open_npz(path, split=split)
@@ -197,7 +206,8 @@ def main(argv=None) -> None:
             optimizer.step()
             loss_sum += loss.item() * len(idx)
             correct += (logits.argmax(1) == y).sum().item()
-            bar.set_postfix(loss=f"{loss.item():.3f}", img_s=f"{(i + 1) * args.batch_size / (time.time() - t_epoch):.0f}")
+            bar.set_postfix(loss=f"{loss.item():.3f}",
+                            img_s=f"{(i + 1) * args.batch_size / (time.time() - t_epoch):.0f}")
         bar.close()
         test_loss, preds = evaluate(model, test_x, test_y, transform, device)
         elapsed += time.time() - t_epoch
@@ -207,8 +217,9 @@ def main(argv=None) -> None:
         print(json.dumps(record), flush=True)
         with log_path.open("a") as f:
             f.write(json.dumps(record) + "\n")
-        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "generator": generator.get_state(),
-                    "epoch": epoch + 1, "elapsed": elapsed}, state_path.with_suffix(".tmp"))
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                    "generator": generator.get_state(), "epoch": epoch + 1, "elapsed": elapsed},
+                   state_path.with_suffix(".tmp"))
         state_path.with_suffix(".tmp").replace(state_path)
 
     _, preds = evaluate(model, test_x, test_y, transform, device)

@@ -13,21 +13,23 @@ predictions are kept, for the arrays and the stability numbers.
 
 Per frame, each model gets what a photo gets (`session.explain_image`): its predictions and the chosen
 methods' maps, a targeted method explaining that frame's top class. The video shows each model's first
-method over the frame with its top class and probability; a model without a classifier shows instead
-DINO's display of its last layer: the class token's attention (head mean) with the smallest set of tokens
-holding 60 % of it outlined (`explain.mass_threshold`).
+method over the frame with its top class and probability; where that method reads attention and the model
+has none (a CNN), the model's first-screen map instead, Grad-CAM, and the caption says so (`drawn_method`).
+A model without a classifier shows instead DINO's display of its last layer: the class token's attention
+(head mean) with the smallest set of tokens holding 60 % of it outlined (`explain.mass_threshold`).
 
 Stability. Per model, the mean Spearman rank correlation of consecutive frames' maps (1: steady; lower:
-the explanation flickers), and per frame the two models' agreement, the rank correlation of their maps
-over the image region both saw (the first screen's comparison line, `session.agreement`). `smoothing` w
+the explanation flickers), and per frame the two models' agreement, the rank correlation of the maps they
+drew over the image region both saw (the first screen's comparison line, `session.agreement`). `smoothing` w
 replaces each map by an exponential moving average m_t = w m_(t-1) + (1 - w) x_t before it is drawn,
 saved and measured; off (0) by default, and the manifest says when it is on.
 
 Writing. One H.264 MP4 (yuv420p, even sides, `+faststart` so a browser plays it while it loads) of the
-two panels side by side at the sampling rate; per model `<model>/<method>.npy` (frames gh gw) and
-`predictions.json` (per frame: time, top 5); `timeline.png` (each model's top-1 probability over time,
-shaded where the two disagree, and their agreement); and `manifest.json` (source, frames and their times,
-models, methods, stability).
+two panels side by side at the sampling rate; per model `<model>/<method>.npy` (frames gh gw) for each
+method it computed (those asked that apply to it, and the one it drew) and `predictions.json` (per frame:
+time, top 5); `timeline.png` (each model's top-1 probability over time, shaded where the two disagree, and
+their agreement); and `manifest.json` (source, frames and their times, models, methods, the method each
+model drew, stability).
 """
 from __future__ import annotations
 
@@ -47,7 +49,7 @@ from . import __version__, explain, render
 from .export import model_entry, npy_bytes, png_bytes, safe_name, write_atomic
 from .models.trace import Embedding
 from .render.geometry import MAX_SIDE
-from .session import MODEL_GATE, MapRequest, agreement, autocast, class_map, spearman
+from .session import MODEL_GATE, MapRequest, agreement, autocast, class_map, overview_method, spearman
 
 DEFAULT_FPS = 8.0
 MAX_FPS = 60.0
@@ -67,6 +69,7 @@ class VideoError(ValueError):
 
 @dataclass(frozen=True)
 class VideoInfo:
+    """What a clip's first video stream says of itself, read before any frame is decoded."""
     width: int           # stored frame size (before the display rotation)
     height: int
     rotation: int        # counter-clockwise degrees the display matrix turns a frame by (0, 90, 180, 270)
@@ -77,6 +80,7 @@ class VideoInfo:
 
 @dataclass(frozen=True)
 class Frame:
+    """One sampled frame, upright, with its place in the clip."""
     index: int           # among the sampled frames
     time: float          # seconds from the stream's start
     image: Image.Image   # upright RGB
@@ -206,19 +210,31 @@ class FrameReading:
 
 @dataclass
 class BatchReading:
-    """One model on a batch of frames: each frame's reading, and the geometry the drawing needs (its token
-    embeddings for these pixels, the last block's stage, whether it attends)."""
+    """One model on a batch of frames: each frame's reading, the method its half of the video draws
+    (`drawn_method`), and the geometry the drawing needs (its token embeddings for these pixels, the last block's
+    stage, whether it attends)."""
     frames: list[FrameReading]
+    drawn: str | None
     embeddings: list[Embedding]
     last_stage: int
     attends: bool
 
 
+def drawn_method(methods: Sequence[str], *, attends: bool) -> str | None:
+    """The map a model's half of the video draws: the first of `methods`, or, where that one reads attention and
+    the model has none (a convolutional network), the map the model's first screen shows
+    (`session.overview_method`: Grad-CAM), so neither half is ever left without a map. None when no method is asked."""
+    if not methods:
+        return None
+    first = explain.method(methods[0])
+    return first.name if attends or not first.reads_attention else overview_method(attends=attends)
+
+
 def read_batch(loaded, pixels: torch.Tensor, methods: Sequence[str]) -> BatchReading:
-    """`loaded` on b 3 h w pixels: each frame's top 5 and the maps of `methods`, as `ModelRun.token_map` computes
-    them for a photo (a targeted method explains each frame's top class; a model without a classifier, the
-    similarity of its pooled output to its own direction). Methods that read attention are skipped for a model
-    without it."""
+    """`loaded` on b 3 h w pixels: each frame's top 5 and the maps of `methods` and of the method it draws
+    (`drawn_method`), as `ModelRun.token_map` computes them for a photo (a targeted method explains each frame's
+    top class; a model without a classifier, the similarity of its pooled output to its own direction). Methods
+    that read attention are skipped for a model without it."""
     pixels = pixels.to(loaded.device)
     with MODEL_GATE(), torch.inference_mode(), autocast(pixels.device):
         trace = loaded.model.trace(pixels)
@@ -228,7 +244,8 @@ def read_batch(loaded, pixels: torch.Tensor, methods: Sequence[str]) -> BatchRea
         top = [(int(k), float(p)) for p, k in zip(*probs[i].topk(min(5, probs.shape[-1])))] if probs.shape[-1] else []
         readings.append(FrameReading(top=top, maps={}))
     attends = trace.blocks[-1].attends
-    for method in methods:
+    drawn = drawn_method(methods, attends=attends)
+    for method in dict.fromkeys([*methods, *([drawn] if drawn else [])]):
         m = explain.method(method)
         if m.reads_attention and not attends:
             continue
@@ -244,7 +261,7 @@ def read_batch(loaded, pixels: torch.Tensor, methods: Sequence[str]) -> BatchRea
         heads = explain.head_attention(trace, layer=-1, query="cls", on_query_grid=True).mean(dim=1)
         for reading, values in zip(readings, heads):
             reading.heads = values.float().cpu().numpy()
-    return BatchReading(readings, trace.embeddings, trace.blocks[-1].stage, attends)
+    return BatchReading(readings, drawn, trace.embeddings, trace.blocks[-1].stage, attends)
 
 
 def frame_saver(folder: Path, quality: int = 90) -> Callable[[Frame], None]:
@@ -256,23 +273,26 @@ def frame_saver(folder: Path, quality: int = 90) -> Callable[[Frame], None]:
 
 # ---- drawing and encoding -----------------------------------------------------------------------------------
 
-def panel(canvas: render.Canvas, loaded, reading: FrameReading, batch: BatchReading, method: str | None, *,
+def panel(canvas: render.Canvas, loaded, reading: FrameReading, batch: BatchReading, asked: str | None, *,
           time: float) -> np.ndarray:
-    """One model's picture of one frame: its first method's map (a model without a classifier: DINO's display)
-    over the frame, captioned with its top class and probability."""
+    """One model's picture of one frame: the map it draws (`batch.drawn`: the first method `asked`, or Grad-CAM in
+    its place for a model without attention, which the caption then says; a model without a classifier: DINO's
+    display) over the frame, captioned with the method, its top class and probability."""
     note = f"{time:.2f} s"
     if reading.heads is not None:
         mask = explain.mass_threshold(torch.from_numpy(reading.heads), DINO_MASS).numpy()
         view = render.head_tile(canvas, reading.heads, field=batch.last_stage, mask=mask, style="outline")
         return render.caption(view, model=loaded.name, method=f"class-token attention, {DINO_MASS:.0%} of it "
                                                               f"outlined", note=note)
-    if method is None or method not in reading.maps:
-        words = (f"{loaded.name} is a convolutional network: no attention, so no {explain.method(method).title}"
-                 if method else "no method asked for")
-        return render.caption(render.notice(canvas, words), model=loaded.name, method="no map", note=note)
-    view = render.overlay(canvas, reading.maps[method])
+    if batch.drawn is None:
+        return render.caption(render.notice(canvas, "no method asked for"), model=loaded.name, method="no map",
+                              note=note)
+    title = explain.method(batch.drawn).title
+    if batch.drawn != asked:
+        note += f"; no attention, so {title}, not {explain.method(asked).title}"
+    view = render.overlay(canvas, reading.maps[batch.drawn])
     target = f"{loaded.labels[reading.top[0][0]]} {reading.top[0][1]:.0%}" if reading.top else None
-    return render.caption(view, model=loaded.name, method=explain.method(method).title, target=target, note=note)
+    return render.caption(view, model=loaded.name, method=title, target=target, note=note)
 
 
 def side_by_side(panels: Sequence[np.ndarray]) -> np.ndarray:
@@ -379,6 +399,8 @@ Read = Callable[[Sequence, list[torch.Tensor], list[str]], list[BatchReading]]
 
 @dataclass
 class VideoResult:
+    """What a video run wrote: its folder, the MP4, the timeline picture (h w 3 uint8) and the manifest, which
+    holds what was measured over time."""
     folder: Path
     video: Path
     timeline: np.ndarray
@@ -387,6 +409,19 @@ class VideoResult:
     @property
     def stability(self) -> dict:
         return self.manifest["stability"]
+
+    @property
+    def drawn(self) -> dict[str, str | None]:
+        """Each model's method in the video, by model name (`drawn_method`)."""
+        return self.manifest["drawn"]
+
+    def fallbacks(self) -> list[str]:
+        """For each model that drew another method than the first asked (a model without attention), what it drew
+        instead and why, in words."""
+        asked = self.manifest["methods"][0] if self.manifest["methods"] else None
+        return [f"{name} has no attention, so its half of the video shows {explain.method(method).title} (as its "
+                f"first screen does) in place of {explain.method(asked).title}; its steadiness and the agreement are "
+                f"measured on that map." for name, method in self.drawn.items() if method != asked]
 
 
 def explain_video(path: str | os.PathLike, models: Sequence, *, methods: Sequence[str] = ("rollout",),
@@ -410,7 +445,8 @@ def explain_video(path: str | os.PathLike, models: Sequence, *, methods: Sequenc
     total = _expected_frames(info, fps, max_seconds, max_frames)
     read = read or (lambda ms, pixels, asked: [read_batch(m, p, asked) for m, p in zip(ms, pixels)])
     writer = VideoWriter(out / VIDEO_FILE, fps=min(fps, info.rate or fps))   # a slower source plays at its own rate
-    maps = {(k, method): [] for k in range(len(models)) for method in methods}
+    maps: dict[tuple[int, str], list[np.ndarray]] = {}   # (model, method): each frame's map, in the order computed
+    drawn: dict[int, str | None] = {}                    # model: the method its half draws
     predictions = [[] for _ in models]
     times, agreements, previous = [], [], {}
     first = methods[0] if methods else None
@@ -428,14 +464,15 @@ def explain_video(path: str | os.PathLike, models: Sequence, *, methods: Sequenc
                         frame_reading.maps[method] = (smoothing * previous[(k, method)]
                                                       + (1 - smoothing) * frame_reading.maps[method])
                     previous[(k, method)] = frame_reading.maps[method]
-                    maps[(k, method)].append(frame_reading.maps[method])
+                    maps.setdefault((k, method), []).append(frame_reading.maps[method])
+                drawn[k] = reading.drawn
                 predictions[k].append({"time": frame.time, "top5": [
                     {"index": c, "label": model.labels[c], "prob": round(p, 6)} for c, p in frame_reading.top]})
                 canvases.append(render.Canvas(frame.image, model.transform, reading.embeddings))
             writer.write(side_by_side([panel(canvas, model, reading.frames[i], reading, first, time=frame.time)
                                        for canvas, model, reading in zip(canvases, models, readings)]))
             times.append(frame.time)
-            both = [reading.frames[i].maps.get(first) for reading in readings]
+            both = [reading.frames[i].maps.get(reading.drawn) for reading in readings]   # what each half shows
             agreements.append(agreement(*canvases, *both) if len(both) == 2 and all(m is not None for m in both)
                               else None)
         if progress is not None:
@@ -455,7 +492,7 @@ def explain_video(path: str | os.PathLike, models: Sequence, *, methods: Sequenc
     except BaseException:
         writer.abort()
         raise
-    return _write_outputs(out, Path(path), info, models, methods, fps, smoothing, times, maps, predictions,
+    return _write_outputs(out, Path(path), info, models, methods, drawn, fps, smoothing, times, maps, predictions,
                           agreements, video, cut=(max_seconds, max_frames))
 
 
@@ -468,8 +505,8 @@ def _expected_frames(info: VideoInfo, fps: float, max_seconds: float | None, max
     return min(frames, max_frames) if max_frames else frames
 
 
-def _write_outputs(out: Path, path: Path, info: VideoInfo, models, methods, fps, smoothing, times, maps, predictions,
-                   agreements, video: Path, *, cut) -> VideoResult:
+def _write_outputs(out: Path, path: Path, info: VideoInfo, models, methods, drawn, fps, smoothing, times, maps,
+                   predictions, agreements, video: Path, *, cut) -> VideoResult:
     """The arrays, predictions, timeline and manifest beside the video; the stability numbers."""
     stability = {"consecutive_frames_spearman": {}, "agreement": {
         "per_frame": [None if a is None else round(a, 6) for a in agreements],
@@ -480,13 +517,12 @@ def _write_outputs(out: Path, path: Path, info: VideoInfo, models, methods, fps,
     for k, model in enumerate(models):
         folder = safe_name(model.name)
         steady = {}
-        for method in methods:
-            if maps[(k, method)]:
-                stack = np.stack(maps[(k, method)])
-                write_atomic(out / folder / f"{method}.npy", npy_bytes(stack))
-                files[f"{folder}/{method}.npy"] = list(stack.shape)
-                value = steadiness(stack)
-                steady[method] = None if value is None else round(value, 6)
+        for method in [method for j, method in maps if j == k]:   # those asked that apply, and what it drew
+            stack = np.stack(maps[(k, method)])
+            write_atomic(out / folder / f"{method}.npy", npy_bytes(stack))
+            files[f"{folder}/{method}.npy"] = list(stack.shape)
+            value = steadiness(stack)
+            steady[method] = None if value is None else round(value, 6)
         stability["consecutive_frames_spearman"][model.name] = steady
         write_atomic(out / folder / PREDICTIONS_FILE, (json.dumps(predictions[k], indent=1) + "\n").encode())
     top1 = {m.name: [p["top5"][0]["prob"] for p in predictions[k]] for k, m in enumerate(models)
@@ -502,6 +538,7 @@ def _write_outputs(out: Path, path: Path, info: VideoInfo, models, methods, fps,
                 "sampling": {"fps": fps, "frames": len(times), "times": times, "max_seconds": seconds,
                              "max_frames": frames},
                 "models": [model_entry(m) for m in models], "methods": list(methods),
+                "drawn": {m.name: drawn.get(k) for k, m in enumerate(models)},
                 "files": {VIDEO_FILE: {"frames": len(times), "codec": "h264", "pixel_format": "yuv420p"},
                           TIMELINE_FILE: {}, **{name: {"shape": shape} for name, shape in files.items()},
                           **{f"{safe_name(m.name)}/{PREDICTIONS_FILE}": {} for m in models}},

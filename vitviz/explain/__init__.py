@@ -13,14 +13,27 @@ from .decide import Attribution, direct_logit_attribution, token_effect_maps
 from .distance import mean_attention_distance, token_centres
 from .faithfulness import Curve, deletion_curve, insertion_curve, random_saliency
 from .gradcam import gradcam, gradcam_from_trace
+from .gradients import (
+                        attention_gradients,
+                        chefer_relevance,
+                        chefer_relevance_from_trace,
+                        gradient_rollout,
+                        gradient_rollout_from_trace,
+                        resolve_target,
+)
 from .heads import DEFAULT_MASS, mass_threshold
-from .methods import FAMILIES, METHODS, Method, method
-from .gradients import (attention_gradients, chefer_relevance, chefer_relevance_from_trace, gradient_rollout,
-                        gradient_rollout_from_trace, resolve_target)
 from .legrad import legrad, legrad_from_trace
-from .lens import (ResidualShare, final_class_probability, lens_layers, logit_lens, patch_top_class, relative_depth,
-                   residual_share)
+from .lens import (
+                        ResidualShare,
+                        final_class_probability,
+                        lens_layers,
+                        logit_lens,
+                        patch_top_class,
+                        relative_depth,
+                        residual_share,
+)
 from .lrp import attnlrp
+from .methods import FAMILIES, METHODS, Method, method
 from .norms import token_norms
 from .patching import CORRUPTIONS, SITES, Patching, Plan, corrupt, patch_activations, patching_plan
 from .receptive import ReceptiveField, ReceptiveFieldSum, receptive_field

@@ -49,6 +49,8 @@ PERTURBATION_FRACTIONS = tuple(k / 10 for k in range(10))   # Chefer et al.'s 0.
 
 @dataclass(frozen=True)
 class Curve:
+    """A perturbation curve per image: at each fraction of the regions removed or inserted, the target class's
+    probability (the perturbation tests: whether the reference class is still predicted), and the area under it."""
     fractions: Tensor   # t: share of the regions removed (deletion) or inserted (insertion), 0 .. 1
     scores: Tensor      # b t: target-class probability (perturbation test: 1 if the reference class is predicted)
     auc: Tensor         # b: area under scores over fractions (trapezoid rule)
@@ -62,7 +64,7 @@ def baseline_image(pixels: Tensor, baseline: str | Tensor) -> Tensor:
     if baseline == "mean":
         return torch.zeros_like(pixels)
     if baseline == "blur":
-        from torchvision.transforms.v2.functional import gaussian_blur   # torchvision costs ~1.5 s to import
+        from torchvision.transforms.v2.functional import gaussian_blur  # torchvision costs ~1.5 s to import
         sigma = max(pixels.shape[-2:]) / 16
         kernel = 2 * int(2 * sigma) + 1
         return gaussian_blur(pixels, [kernel, kernel], [sigma, sigma])
@@ -169,7 +171,8 @@ def pixel_removal(pixels: Tensor, saliency: Tensor, *, black: Tensor,
     maps = _maps(saliency, pixels)
     ranks, grid = unit_ranks(-maps if negative else maps, tuple(pixels.shape[-2:]), "pixel")
     counts = torch.tensor([int(ranks.shape[-1] * f) for f in PERTURBATION_FRACTIONS], device=pixels.device)
-    return torch.tensor(PERTURBATION_FRACTIONS), Perturbation(pixels, baseline_image(pixels, black), ranks, grid, counts)
+    perturbation = Perturbation(pixels, baseline_image(pixels, black), ranks, grid, counts)
+    return torch.tensor(PERTURBATION_FRACTIONS), perturbation
 
 
 def region_removal(pixels: Tensor, saliency: Tensor, *, regions: int | None = None) -> tuple[Tensor, Perturbation]:
@@ -187,6 +190,8 @@ def region_removal(pixels: Tensor, saliency: Tensor, *, regions: int | None = No
 
 @dataclass(frozen=True)
 class Scores:
+    """What the model answered at each perturbation step, for k maps of b images: the target class's
+    probability and the class it predicts."""
     probs: Tensor     # k b t: the target class's probability at each step
     classes: Tensor   # k b t: the class the model predicts at each step
 
@@ -239,7 +244,7 @@ def score(model: nn.Module, perturbations: Sequence[Perturbation], target: Tenso
         classes.append(logits.argmax(dim=-1))
     probs, classes = torch.cat(probs).cpu(), torch.cat(classes).cpu()
     results, at = [], 0
-    for p, ps in zip(perturbations, pieces):
+    for p in perturbations:
         k, b, n = p.ranks.shape
         counts, varying = p.counts.cpu(), p.varying.cpu()
         out = [torch.empty(k, b, len(counts), dtype=v.dtype) for v in (probs, classes)]

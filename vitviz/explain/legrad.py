@@ -46,12 +46,12 @@ not see a key adding 0 to it, which is the dense matrix's column mean (`windows.
 
 Cost. One traced forward keeps the attention maps and the graph of the blocks from `start_layer` on
 (`trace(attention=slice(start_layer, None))`: the blocks before run as a plain forward, fused attention
-and no graph, which is what legrad_torch's frozen early blocks buy it); then, per layer, `torch.autograd.grad(s_l, A_l)` runs
-only the backward tail from that layer's score to its attention (the classifier, the block's MLP,
-output projection and attention-times-values): autograd executes only the nodes on a path to the
-requested tensor and prunes everything else, and no weight gradient is formed. The tails of all
-layers together cost about one more forward: LeGrad over all 12 blocks of ViT-B/16 takes 1.9
-plain forwards (`benchmarks/bench.py --only attribution`), torchcam's 2.1.
+and no graph, which is what legrad_torch's frozen early blocks buy it); then, per layer,
+`torch.autograd.grad(s_l, A_l)` runs only the backward tail from that layer's score to its attention
+(the classifier, the block's MLP, output projection and attention-times-values): autograd executes
+only the nodes on a path to the requested tensor and prunes everything else, and no weight gradient
+is formed. The tails of all layers together cost about one more forward: LeGrad over all 12 blocks
+of ViT-B/16 takes 1.9 plain forwards (`benchmarks/bench.py --only attribution`), torchcam's 2.1.
 
 CLIP, as the LeGrad authors compute it (legrad_torch 1.1, `LeWrapper.compute_legrad_clip`). A CLIP
 model with prompts is a ViT whose head is the zero-shot head (`models/clip.py`), so `pooled_logits`

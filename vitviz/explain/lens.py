@@ -96,6 +96,8 @@ def patch_top_class(model: nn.Module, trace: Trace, layer: int) -> tuple[Tensor,
 
 @dataclass(frozen=True)
 class ResidualShare:
+    """How much of each block's output is what it was handed, per image and block: ||X_in|| / ||X_out - X_in||
+    for the class token and, averaged, for the grid tokens (above 1 the block mostly passes its input on)."""
     cls: Tensor     # b L: the class token's ||X_in|| / ||X_out - X_in||; NaN where a block has none
     grid: Tensor    # b L: the mean over grid tokens of their ratio
 

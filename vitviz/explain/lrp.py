@@ -53,7 +53,8 @@ def attnlrp(model: nn.Module, pixels: Tensor, target: Target = None, *, gamma_co
                          "explain.SimilarityTarget(model, direction) to explain its pooled output's similarity to a "
                          "direction")
     given = {"gamma_conv": gamma_conv, "gamma_linear": gamma_linear, "attention": attention}
-    rules = replace(getattr(model, "relevance_rules", RelevanceRules()), **{k: v for k, v in given.items() if v is not None})
+    rules = replace(getattr(model, "relevance_rules", RelevanceRules()),
+                    **{k: v for k, v in given.items() if v is not None})
     pixels = pixels.detach().requires_grad_(True)
     with torch.enable_grad(), relevance_rules(rules):
         logits = model(pixels)

@@ -18,11 +18,11 @@ from torch import Tensor, nn
 
 from .gradcam import gradcam
 from .gradients import CLIP_START_LAYER as CHEFER_CLIP_START_LAYER, Target, chefer_relevance, gradient_rollout
-from .lrp import attnlrp
 from .legrad import CLIP_START_LAYER as LEGRAD_CLIP_START_LAYER, legrad
+from .lrp import attnlrp
 from .rollout import attention_rollout
 
-FAMILIES = {   # family -> how the app and README group its methods
+FAMILIES = {   # family -> how the app and the docs (docs/explanations.md) group its methods
     "attention": "attention-based: read the attention maps alone",
     "gradient": "gradient-based: weigh attention or activations by the target class's gradient",
     "relevance": "relevance propagation: share the target logit out, layer by layer, down to the pixels",
@@ -31,6 +31,8 @@ FAMILIES = {   # family -> how the app and README group its methods
 
 @dataclass(frozen=True)
 class Method:
+    """One map method as the app, the command line and the exporter know it: its name, title, family,
+    cost and reference, the function that computes its maps, and how it is drawn."""
     name: str                   # the public name
     title: str                  # what captions and menus call it
     family: str                 # a key of FAMILIES

@@ -74,6 +74,7 @@ class Patching:
 
 @dataclass(frozen=True)
 class Plan:
+    """What an activation patching will cost before it runs: its batched forwards and patched images."""
     forwards: int   # batched forwards (each from the patched block on), besides the two traced runs
     images: int     # patched images sent through them
 

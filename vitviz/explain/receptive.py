@@ -37,6 +37,8 @@ from .distance import token_centres
 
 @dataclass
 class ReceptiveField:
+    """The effective receptive field of the centre grid token after each chosen block: its gradient map at the
+    input resolution and the radii holding 50 % and 90 % of its mass, in input pixels."""
     blocks: list[int]   # indices into trace.blocks
     maps: Tensor        # blocks H W, the mean over the batch of sum_channels |dy / dx|
     r50: Tensor         # blocks, input pixels: the radius around the centre token holding 50 % of the map's mass

@@ -57,6 +57,8 @@ def discard_lowest(fused: Tensor, ratio: float, *, keep_column: int | None) -> T
 
 
 def class_column(block: BlockTrace) -> int | None:
+    """The class token's index among the block's tokens (its prefix comes first), or None for a model
+    without one."""
     return block.prefix_kinds.index("cls") if "cls" in block.prefix_kinds else None
 
 

@@ -39,7 +39,8 @@ class SimilarityTarget:
 
     def __init__(self, model: nn.Module, direction: Tensor):
         if getattr(model, "config", None) is None or model.config.num_classes:
-            raise ValueError("SimilarityTarget is for a ViT without a classifier; a classifier's logits need no stand-in")
+            raise ValueError("SimilarityTarget is for a ViT without a classifier; "
+                             "a classifier's logits need no stand-in")
         direction = direction.detach().reshape(-1).float()
         if direction.numel() != model.config.embed_dim or not direction.norm() > 0:
             raise ValueError(f"the direction must be a non-zero vector of the model's width {model.config.embed_dim}")

@@ -36,8 +36,16 @@ from types import ModuleType
 
 import torch
 
-from . import (openclip, own, timm_layout, transformers_clip, transformers_convnext, transformers_cvt,
-               transformers_resnet, transformers_swin)
+from . import (
+    openclip,
+    own,
+    timm_layout,
+    transformers_clip,
+    transformers_convnext,
+    transformers_cvt,
+    transformers_resnet,
+    transformers_swin,
+)
 from .cache import CACHE, ModelCache, clear_cache
 from .files import CONFIG, OPEN_CLIP_CONFIG, FolderFiles, HubFiles, cached_files, cached_models, resolve_commit
 from .layout import unsupported

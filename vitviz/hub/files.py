@@ -104,6 +104,8 @@ class Files(ABC):
 
 
 class FolderFiles(Files):
+    """A checkpoint's files in a local folder: read where they are, never downloaded, and never deleted
+    when damaged."""
     def __init__(self, name: str, folder: Path):
         self.name, self.folder = name, folder
 
@@ -123,6 +125,8 @@ class FolderFiles(Files):
 
 
 class HubFiles(Files):
+    """A Hub repo's files at one commit, through huggingface_hub's cache: the commit asked for once, then
+    the cache alone when the Hub cannot be reached; a damaged download is removed so a retry fetches it."""
     def __init__(self, name: str, repo_id: str, revision: str, progress: ProgressFn | None):
         self.name, self.repo_id, self.revision = name, repo_id, revision
         self.progress = progress
@@ -296,6 +300,7 @@ def cached_files(repo_id: str, revision: str = "main") -> list[Path]:
 
 
 def offline_hint() -> str:
+    """The models that load without a network (cached and bundled), named for an offline error message."""
     cached = [name for name in cached_models() if not catalog.CATALOG[name].bundled]
     return ((f"Cached models: {', '.join(cached)}. " if cached else "")
             + f"Bundled models work offline: {', '.join(e.name for e in catalog.bundled())}.")

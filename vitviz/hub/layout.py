@@ -22,6 +22,7 @@ WHAT_RUNS = (f"vitviz runs ViT, DeiT, Swin, ResNet and ConvNeXt checkpoints from
 
 
 def unsupported(name: str, what: str) -> LoadError:
+    """The `LoadError` for a checkpoint of a kind vitviz does not read: what it is, and what does run."""
     return LoadError(f"{name!r} is {what}; {WHAT_RUNS}.")
 
 
@@ -51,6 +52,7 @@ def label_list(names, n: int, *, describe: dict | None = None) -> tuple[str, ...
 
 
 def numbered(n: int) -> tuple[str, ...]:
+    """Labels for a checkpoint that names no classes: 'class 0', 'class 1', ..."""
     return tuple(f"class {i}" for i in range(n))
 
 
@@ -83,7 +85,8 @@ def transformers_model(files: Files, config: dict, device: torch.device, *, fami
     weights, weights_file = files.weights()
     model = build(model_cls, model_config, convert(weights), device, files, weights_file)
     return LoadedModel(files.name, model, family, id2label(config, num_labels(config)), model_transform,
-                       files.source("transformers", weights_file), functools.partial(_at, transform, resized, processor))
+                       files.source("transformers", weights_file),
+                       functools.partial(_at, transform, resized, processor))
 
 
 def _at(transform: Callable[[dict], Transform], resized: Callable[[dict, int], dict], processor: dict,

@@ -37,6 +37,9 @@ class Source:
 
 @dataclass(frozen=True, eq=False)
 class LoadedModel:
+    """What `load` hands back: one of vitviz's models in eval mode with the checkpoint's own
+    preprocessing, its labels in logit order and where it came from (for CLIP, both towers and the
+    tokenizer too)."""
     name: str                    # as asked for: catalog name, repo id or folder name
     model: nn.Module | None      # one of vitviz's models, eval mode: model(pixels) -> logits; None in a `card`
     family: str                  # a key of `models.FAMILIES`: 'vit', 'cvt', 'swin', 'resnet', 'convnext'

@@ -18,6 +18,8 @@ def may_have(config: dict | None) -> bool:
 
 
 def read(files: Files, config: dict, device: torch.device) -> LoadedModel:
+    """An open_clip checkpoint as a `LoadedModel`: its image tower classifies once `with_prompts` gives it
+    texts; `LoadError` for a model or preprocessing vitviz cannot build."""
     model_cfg = config.get("model_cfg", config)
     if "quick_gelu" not in model_cfg and isinstance(files, HubFiles):
         model_cfg = {**model_cfg, "quick_gelu": registry_quick_gelu(files.repo_id)}

@@ -10,10 +10,13 @@ from .loaded import LoadedModel, LoadError
 
 
 def matches(config: dict) -> bool:
+    """Whether a config.json is one of vitviz's own (`"format": "vitviz"`)."""
     return config.get("format") == FORMAT
 
 
 def read(files: Files, config: dict, device: torch.device) -> LoadedModel:
+    """A vitviz checkpoint folder (`bundle.py`'s layout) as a `LoadedModel`; `LoadError` when its config
+    and weights do not fit together or the weights are damaged."""
     weights = files.get(SAFETENSORS)
     try:
         model, transform, labels, _ = load_bundle(weights.parent)

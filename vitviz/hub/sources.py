@@ -17,6 +17,8 @@ _REVISION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,199}")   # branch, tag, re
 
 @dataclass(frozen=True)
 class Request:
+    """What a source asks for, once parsed: a Hub repo id at a revision, or a folder; `key()` tells
+    loads of the same model apart from others for the cache."""
     name: str
     repo_id: str | None = None
     revision: str = "main"
@@ -79,5 +81,6 @@ def _revision_problem(revision: str) -> str | None:
 
 
 def what_loads() -> str:
+    """The sentence that tells a person what `load` takes: the catalog's names or a Hub repo id."""
     return (f"Use a catalog name ({', '.join(catalog.CATALOG)}) or a Hub repo id such as "
             f"'timm/deit_small_patch16_224.fb_in1k' or 'microsoft/cvt-13'.")

@@ -26,11 +26,15 @@ OTHER_WINDOWED = {"timm.models.swin_transformer_v2": "SwinV2 (scaled cosine atte
 
 
 def matches(config: dict) -> bool:
+    """Whether a config.json is in timm's layout (it names an `architecture`)."""
     return "architecture" in config
 
 
 def read(files: Files, config: dict, device: torch.device) -> LoadedModel:
-    import timm   # timm is only needed for timm checkpoints, and takes seconds to import
+    """A timm checkpoint as a `LoadedModel`: timm reads its config (on the meta device: no weights), the
+    reader of its family builds vitviz's model, the labels come from its pretrained_cfg or ImageNet's;
+    `LoadError` for an architecture no reader takes."""
+    import timm  # timm is only needed for timm checkpoints, and takes seconds to import
     from timm.data import ImageNetInfo, infer_imagenet_subset
 
     arch = config["architecture"]

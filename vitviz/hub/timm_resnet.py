@@ -13,6 +13,7 @@ FAMILY, MODEL = "resnet", ResNet
 
 
 def converted(weights: dict[str, Tensor]) -> dict[str, Tensor]:
+    """timm's state dict as vitviz's model takes it: unchanged."""
     return weights   # timm's names are vitviz's
 
 

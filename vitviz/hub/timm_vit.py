@@ -16,6 +16,7 @@ LAYER_SCALE_PRESENT = 1e-5
 
 
 def converted(weights: dict[str, Tensor]) -> dict[str, Tensor]:
+    """timm's state dict as vitviz's model takes it: unchanged."""
     return weights   # timm's names are vitviz's
 
 

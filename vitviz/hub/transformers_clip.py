@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ..models.clip import CLIP, CLIPConfig
-from ..models.clip import convert_transformers_state_dict
+from ..models.clip import CLIP, CLIPConfig, convert_transformers_state_dict
 from ..preprocess import Tokenizer, Transform
 from .files import CLIP_MERGES, CLIP_VOCAB, CONFIG, PROCESSOR, Files
 from .layout import build
@@ -17,6 +16,8 @@ MODEL_TYPE = "clip"
 
 
 def read(files: Files, config: dict, device: torch.device) -> LoadedModel:
+    """A transformers `CLIPModel` checkpoint as a `LoadedModel` that takes prompts; `LoadError` for a
+    config, preprocessing or tokenizer vitviz cannot use."""
     try:
         clip_config = CLIPConfig.from_transformers(config)
     except (KeyError, TypeError, ValueError) as e:

@@ -16,6 +16,8 @@ MODEL_TYPE = "convnext"
 
 
 def read(files: Files, config: dict, device: torch.device) -> LoadedModel:
+    """A transformers `ConvNextForImageClassification` checkpoint as a `LoadedModel`, its weights
+    renamed to vitviz's, its preprocessing from preprocessor_config.json (or the processor's defaults)."""
     return transformers_model(files, config, device, family="convnext", model_cls=ConvNeXt,
                               from_config=ConvNeXtConfig.from_transformers, convert=convert_transformers_state_dict,
                               default_processor=EVAL_PROCESSOR, transform=Transform.from_convnext_processor,

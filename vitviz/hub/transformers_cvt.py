@@ -20,9 +20,12 @@ EVAL_PROCESSOR = {"size": {"shortest_edge": 224}, "crop_pct": 224 / 256, "resamp
 
 
 def read(files: Files, config: dict, device: torch.device) -> LoadedModel:
-    return transformers_model(files, config, device, family="cvt", model_cls=CvT, from_config=CvTConfig.from_transformers,
-                              convert=convert_transformers_state_dict, default_processor=EVAL_PROCESSOR,
-                              transform=Transform.from_convnext_processor, resized=convnext_processor_at)
+    """A transformers `CvtForImageClassification` checkpoint as a `LoadedModel`, its weights
+    renamed to vitviz's, its preprocessing from preprocessor_config.json (or the processor's defaults)."""
+    return transformers_model(files, config, device, family="cvt", model_cls=CvT,
+                              from_config=CvTConfig.from_transformers, convert=convert_transformers_state_dict,
+                              default_processor=EVAL_PROCESSOR, transform=Transform.from_convnext_processor,
+                              resized=convnext_processor_at)
 
 
 def convnext_processor_at(processor: dict, size: int) -> dict:

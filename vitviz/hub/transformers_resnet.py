@@ -16,6 +16,8 @@ MODEL_TYPE = "resnet"
 
 
 def read(files: Files, config: dict, device: torch.device) -> LoadedModel:
+    """A transformers `ResNetForImageClassification` checkpoint as a `LoadedModel`, its weights
+    renamed to vitviz's, its preprocessing from preprocessor_config.json (or the processor's defaults)."""
     return transformers_model(files, config, device, family="resnet", model_cls=ResNet,
                               from_config=ResNetConfig.from_transformers, convert=convert_transformers_state_dict,
                               default_processor=EVAL_PROCESSOR, transform=Transform.from_convnext_processor,

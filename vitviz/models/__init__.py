@@ -9,7 +9,6 @@ from .swin import Swin, SwinConfig
 from .trace import BlockTrace, Embedding, Trace, Window, WindowPartition
 from .vit import ViT, ViTConfig
 
-
 FAMILIES = {"vit": (ViT, ViTConfig), "cvt": (CvT, CvTConfig), "swin": (Swin, SwinConfig),
             "resnet": (ResNet, ResNetConfig), "convnext": (ConvNeXt, ConvNeXtConfig)}
 
@@ -23,14 +22,17 @@ def build(family: str, config: dict) -> nn.Module:
 
 
 def family_of(model: nn.Module) -> str:
+    """The family (a key of FAMILIES) a model of vitviz's belongs to."""
     return next(name for name, (model_cls, _) in FAMILIES.items() if isinstance(model, model_cls))
 
 
 def family_of_config(config) -> str:
+    """The family (a key of FAMILIES) a model configuration belongs to."""
     return next(name for name, (_, config_cls) in FAMILIES.items() if isinstance(config, config_cls))
 
 
 def num_params(model: nn.Module) -> int:
+    """How many parameters a model has, every tensor counted."""
     return sum(p.numel() for p in model.parameters())
 
 
@@ -54,6 +56,6 @@ def load_weights(model: nn.Module, state_dict: dict[str, Tensor]) -> None:
                          f"unexpected {unexpected[:5]}{'...' * (len(unexpected) > 5)}")
 
 
-__all__ = ["BlockTrace", "ConvNeXt", "ConvNeXtConfig", "CvT", "CvTConfig", "CvTStageConfig", "Embedding", "ResNet", "ResNetConfig", "Swin", "SwinConfig", "Trace", "ViT",
-           "ViTConfig", "Window", "WindowPartition", "allocate", "build", "family_of", "family_of_config", "num_params",
-           "convert_transformers_state_dict", "load_weights"]
+__all__ = ["BlockTrace", "ConvNeXt", "ConvNeXtConfig", "CvT", "CvTConfig", "CvTStageConfig", "Embedding", "ResNet",
+           "ResNetConfig", "Swin", "SwinConfig", "Trace", "ViT", "ViTConfig", "Window", "WindowPartition", "allocate",
+           "build", "family_of", "family_of_config", "num_params", "convert_transformers_state_dict", "load_weights"]

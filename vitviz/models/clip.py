@@ -43,6 +43,7 @@ LOGIT_SCALE = math.log(1 / 0.07)   # CLIP's initial temperature; every checkpoin
 
 @dataclass(frozen=True)
 class TextConfig:
+    """CLIP's text tower: context length, vocabulary, width, heads, layers and activation."""
     context_length: int = 77
     vocab_size: int = 49408
     width: int = 512
@@ -58,6 +59,7 @@ class TextConfig:
 
 @dataclass(frozen=True)
 class CLIPConfig:
+    """A CLIP model: its image tower (a headless ViT), its text tower and the joint space's width."""
     vision: ViTConfig          # the image tower, headless (num_classes 0)
     text: TextConfig
     embed_dim: int = 512       # the joint space
@@ -139,6 +141,7 @@ _TRANSFORMERS_TEXT = {"vocab_size": 49408, "hidden_size": 512, "intermediate_siz
 
 
 class CausalAttention(nn.Module):
+    """Multi-head self-attention in which token i reads tokens 0 to i only."""
     def __init__(self, *, dim: int, heads: int):
         super().__init__()
         self.heads = heads
@@ -152,6 +155,7 @@ class CausalAttention(nn.Module):
 
 
 class TextBlock(nn.Module):
+    """A pre-norm transformer block of the text tower, with causal attention."""
     def __init__(self, *, dim: int, heads: int, mlp_ratio: float, act: str, eps: float):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=eps)
@@ -165,6 +169,8 @@ class TextBlock(nn.Module):
 
 
 class TextTransformer(nn.Module):
+    """CLIP's text tower: token and position embeddings, causal blocks, the final norm and the
+    projection into the joint space, read at the end-of-text token."""
     def __init__(self, config: TextConfig, *, embed_dim: int):
         super().__init__()
         c = self.config = config
@@ -201,6 +207,8 @@ class ZeroShotHead(nn.Module):
 
 
 class CLIP(nn.Module):
+    """CLIP: both towers and their projections into the joint space; `zero_shot` makes the image tower a
+    classifier over prompts."""
     def __init__(self, config: CLIPConfig):
         super().__init__()
         c = self.config = config

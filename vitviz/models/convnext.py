@@ -29,6 +29,8 @@ LN_EPS = 1e-6
 
 @dataclass(frozen=True)
 class ConvNeXtConfig:
+    """A ConvNeXt's architecture: blocks and widths per stage, the patch stem, the depthwise
+    kernel, the MLP ratio and layer scale."""
     depths: tuple[int, ...] = (3, 3, 9, 3)
     dims: tuple[int, ...] = (96, 192, 384, 768)
     in_chans: int = 3
@@ -54,8 +56,9 @@ class ConvNeXtConfig:
         if hf.get("hidden_act", "gelu") != "gelu":
             raise ValueError("only GELU is supported")
         num_classes = len(hf["id2label"]) if "id2label" in hf else hf.get("num_labels", 2)   # transformers' default
-        return cls(depths=tuple(hf.get("depths", (3, 3, 9, 3))), dims=tuple(hf.get("hidden_sizes", (96, 192, 384, 768))),
-                   in_chans=hf.get("num_channels", 3), num_classes=num_classes, patch_size=hf.get("patch_size", 4),
+        return cls(depths=tuple(hf.get("depths", (3, 3, 9, 3))),
+                   dims=tuple(hf.get("hidden_sizes", (96, 192, 384, 768))), in_chans=hf.get("num_channels", 3),
+                   num_classes=num_classes, patch_size=hf.get("patch_size", 4),
                    layer_scale=hf.get("layer_scale_init_value", 1e-6) > 0,
                    head_norm_eps=hf.get("layer_norm_eps", 1e-12))
 
@@ -68,6 +71,7 @@ class LayerNorm2d(LayerNorm):
 
 
 class Mlp(nn.Module):
+    """The block's two-layer MLP: `fc1`, GELU, `fc2`."""
     def __init__(self, *, dim: int, hidden_dim: int):
         super().__init__()
         self.fc1 = GammaLinear(dim, hidden_dim)
@@ -79,6 +83,7 @@ class Mlp(nn.Module):
 
 
 class ConvNeXtBlock(nn.Module):
+    """A ConvNeXt block: depthwise convolution, LayerNorm, MLP and layer scale, added to the input."""
     def __init__(self, *, dim: int, kernel_size: int, mlp_ratio: float, layer_scale: bool):
         super().__init__()
         self.conv_dw = GammaConv2d(dim, dim, kernel_size=kernel_size, padding=kernel_size // 2, groups=dim)
@@ -95,6 +100,8 @@ class ConvNeXtBlock(nn.Module):
 
 
 class ConvNeXtStage(nn.Module):
+    """One ConvNeXt stage: a downsampling LayerNorm and 2x2 convolution (not in the first), then its
+    blocks."""
     def __init__(self, *, in_dim: int, dim: int, depth: int, downsample: bool, config: ConvNeXtConfig):
         super().__init__()
         self.downsample = nn.Sequential(LayerNorm2d(in_dim, eps=LN_EPS), GammaConv2d(in_dim, dim, kernel_size=2,
@@ -117,6 +124,8 @@ class ClassifierHead(nn.Module):
 
 
 class ConvNeXt(nn.Module):
+    """ConvNeXt: the patch stem, its stages, then the mean over the grid, LayerNorm and the
+    classifier; `model.trace(pixels)` returns each block's output as tokens on its grid."""
     def __init__(self, config: ConvNeXtConfig):
         super().__init__()
         c = self.config = config

@@ -24,6 +24,8 @@ LN_EPS = 1e-5   # every CvT LayerNorm; transformers never reads config.layer_nor
 
 @dataclass(frozen=True)
 class CvTStageConfig:
+    """One CvT stage: its convolutional token embedding, depth, heads and the depthwise
+    convolutions that make queries, keys and values (keys and values at a stride)."""
     embed_dim: int
     depth: int
     num_heads: int
@@ -41,6 +43,7 @@ class CvTStageConfig:
 
 @dataclass(frozen=True)
 class CvTConfig:
+    """A CvT's architecture: its stages (CvT-13 by default), input channels, classes and activation."""
     stages: tuple[CvTStageConfig, ...] = field(default_factory=lambda: CVT_13)
     in_chans: int = 3
     num_classes: int = 1000
@@ -91,6 +94,7 @@ CVT_W24 = _stages((192, 768, 1024), (3, 12, 16), (2, 2, 20))
 
 
 class ConvEmbed(nn.Module):
+    """Convolutional token embedding: an overlapping strided convolution, then LayerNorm over channels."""
     def __init__(self, *, in_chans: int, dim: int, window: Window):
         super().__init__()
         self.window = window
@@ -105,6 +109,7 @@ class ConvEmbed(nn.Module):
 
 
 class DepthwiseConvBN(nn.Module):
+    """A depthwise convolution and BatchNorm: how CvT projects tokens to queries, keys and values."""
     def __init__(self, *, dim: int, window: Window):
         super().__init__()
         self.conv = nn.Conv2d(dim, dim, kernel_size=window.kernel, stride=window.stride, padding=window.padding,
@@ -116,6 +121,9 @@ class DepthwiseConvBN(nn.Module):
 
 
 class ConvAttention(nn.Module):
+    """Convolutional attention: queries, keys and values from depthwise convolutions on the token
+    grid (keys and values subsampled), then linear maps and multi-head attention; the class
+    token bypasses the convolutions."""
     def __init__(self, *, dim: int, heads: int, qkv_bias: bool, q_window: Window, kv_window: Window):
         super().__init__()
         self.heads = heads
@@ -156,6 +164,7 @@ class ConvAttention(nn.Module):
 
 
 class Mlp(nn.Module):
+    """The block's two-layer MLP: `fc1`, GELU (or QuickGELU, as Microsoft's code has it), `fc2`."""
     def __init__(self, *, dim: int, hidden_dim: int, act: str):
         super().__init__()
         self.fc1 = GammaLinear(dim, hidden_dim)
@@ -167,6 +176,7 @@ class Mlp(nn.Module):
 
 
 class Block(nn.Module):
+    """A pre-norm CvT block: convolutional attention, then the MLP, each added to the stream."""
     def __init__(self, *, stage: CvTStageConfig, act: str):
         s = stage
         super().__init__()
@@ -193,6 +203,8 @@ class Block(nn.Module):
 
 
 class Stage(nn.Module):
+    """One CvT stage: the convolutional embedding of the previous stage's feature map, a class token
+    where the stage has one, and its blocks."""
     def __init__(self, *, stage: CvTStageConfig, in_chans: int, act: str):
         super().__init__()
         s = stage
@@ -229,6 +241,8 @@ class Stage(nn.Module):
 
 
 class CvT(nn.Module):
+    """Convolutional vision Transformer: stages that each embed the previous one's feature map more
+    coarsely, then the final norm and classifier on the class token; `model.trace(pixels)` a `Trace`."""
     def __init__(self, config: CvTConfig):
         super().__init__()
         self.config = config
@@ -276,7 +290,8 @@ class CvT(nn.Module):
         """The residual stream entering block `index` of `trace.blocks` (b n c on its stage's `grid`) -> logits:
         the rest of the forward, for activation patching (`attn_delta` added to that block's attention
         output); index = the number of blocks: the classifier alone."""
-        for s, stage in enumerate(self.stages):
+        stages = iter(self.stages)
+        for stage in stages:
             if index < len(stage.blocks):
                 break
             index -= len(stage.blocks)
@@ -286,7 +301,7 @@ class CvT(nn.Module):
         for i, block in enumerate(stage.blocks[index:]):
             tokens = block(tokens, grid, prefix, attn_delta=attn_delta if i == 0 else None)[0]
         x, cls = rearrange(tokens[:, prefix:], 'b (h w) c -> b c h w', h=grid[0], w=grid[1]), tokens[:, :prefix]
-        for later in self.stages[s + 1:]:
+        for later in stages:   # the iterator resumes after the stage that holds block `index`
             x, cls = later(x)
         return self.head(self.norm(cls[:, 0]))
 
@@ -320,7 +335,8 @@ class CvT(nn.Module):
 # transformers' CvtForImageClassification names -> ours, applied in order
 _TRANSFORMERS_RENAMES = [
     (r"^cvt\.encoder\.stages\.(\d+)\.embedding\.convolution_embeddings\.projection\.", r"stages.\1.patch_embed.proj."),
-    (r"^cvt\.encoder\.stages\.(\d+)\.embedding\.convolution_embeddings\.normalization\.", r"stages.\1.patch_embed.norm."),
+    (r"^cvt\.encoder\.stages\.(\d+)\.embedding\.convolution_embeddings\.normalization\.",
+     r"stages.\1.patch_embed.norm."),
     (r"^cvt\.encoder\.stages\.(\d+)\.cls_token$", r"stages.\1.cls_token"),
     (r"^cvt\.encoder\.stages\.(\d+)\.layers\.", r"stages.\1.blocks."),
     (r"\.attention\.attention\.convolution_projection_(query|key|value)\.convolution_projection\.convolution\.",

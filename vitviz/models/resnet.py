@@ -30,6 +30,8 @@ BLOCKS = ("basic", "bottleneck")
 
 @dataclass(frozen=True)
 class ResNetConfig:
+    """A ResNet's architecture: block kind (basic or bottleneck), blocks and widths per stage, and
+    the stem (ImageNet's 7x7 with max pool or CIFAR's 3x3)."""
     block: str = "bottleneck"                   # 'basic' (ResNet-18/34, CIFAR) or 'bottleneck' (ResNet-50 on)
     layers: tuple[int, ...] = (3, 4, 6, 3)      # blocks per stage
     widths: tuple[int, ...] = (64, 128, 256, 512)   # the 3x3 convolutions' channels per stage
@@ -78,11 +80,13 @@ class ResNetConfig:
 
 
 def conv_and_norm(in_chans: int, out_chans: int, *, kernel: int, stride: int = 1) -> tuple[nn.Conv2d, nn.BatchNorm2d]:
+    """A bias-free convolution padded to keep the grid (at stride 1) and the BatchNorm after it."""
     return (nn.Conv2d(in_chans, out_chans, kernel_size=kernel, stride=stride, padding=kernel // 2, bias=False),
             nn.BatchNorm2d(out_chans))
 
 
 class BasicBlock(nn.Module):
+    """ResNet-18/34's block: two 3x3 convolutions added to the shortcut, then ReLU."""
     def __init__(self, *, in_chans: int, width: int, stride: int):
         super().__init__()
         self.conv1, self.bn1 = conv_and_norm(in_chans, width, kernel=3, stride=stride)
@@ -99,6 +103,8 @@ class BasicBlock(nn.Module):
 
 
 class Bottleneck(nn.Module):
+    """ResNet-50's block: 1x1, 3x3 and 1x1 convolutions (four times as wide out) added to the
+    shortcut, then ReLU."""
     def __init__(self, *, in_chans: int, width: int, stride: int):
         super().__init__()
         out = width * 4
@@ -119,6 +125,8 @@ class Bottleneck(nn.Module):
 
 
 class ResNet(nn.Module):
+    """Residual network: the stem, stages of residual blocks, the mean over the grid and the
+    classifier; `model.trace(pixels)` returns each block's output as tokens on its grid."""
     # LRP as zennit computes a ResNet (EpsilonPlusFlat with its ResNet canonizer; `relevance.py`)
     relevance_rules = RelevanceRules(gamma_linear=0.0, conv="zplus", first_conv="flat")
 

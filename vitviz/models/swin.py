@@ -30,14 +30,25 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from .relevance import GELU, GammaConv2d, GammaLinear, LayerNorm, attention_inputs
-from .trace import (AttentionParts, BlockTrace, Embedding, KeptAttention, Trace, Window, WindowPartition, graph_start,
-                    kept_blocks)
+from .trace import (
+    AttentionParts,
+    BlockTrace,
+    Embedding,
+    KeptAttention,
+    Trace,
+    Window,
+    WindowPartition,
+    graph_start,
+    kept_blocks,
+)
 
 LN_EPS = 1e-5   # timm's and transformers' Swin: nn.LayerNorm's default
 
 
 @dataclass(frozen=True)
 class SwinConfig:
+    """A Swin's architecture as timm's `SwinTransformer` names it: patch size, width, depths and
+    heads per stage, window size and the input size the windows were trained for."""
     img_size: tuple[int, int] = (224, 224)   # the size the windows were trained for (a stage's window shrinks
     patch_size: int = 4                       # to its grid there, which fixes the bias tables' shapes)
     in_chans: int = 3
@@ -103,7 +114,8 @@ def relative_position_index(window: int, table_window: int | None = None) -> Ten
     holding the (2 table_window - 1)^2 offsets of a window of side `table_window` (default: the same). A
     window smaller than the table's (the grid at another input size) reads the table's central offsets."""
     table_window = table_window or window
-    with torch.inference_mode(False):   # kept and reused: a tensor made in inference mode could not be saved for backward
+    # kept and reused: a tensor made in inference mode could not be saved for backward
+    with torch.inference_mode(False):
         coords = torch.stack(torch.meshgrid(torch.arange(window), torch.arange(window), indexing="ij")).flatten(1)
         offsets = coords[:, :, None] - coords[:, None, :] + table_window - 1   # 2 t t, from 0
         return offsets[0] * (2 * table_window - 1) + offsets[1]
@@ -116,6 +128,8 @@ def _partition(size: int, shift: int, grid: tuple[int, int]) -> WindowPartition:
 
 
 class WindowAttention(nn.Module):
+    """Multi-head attention inside each window, with a learnt bias per head on every relative
+    position (`relative_position_bias_table`)."""
     def __init__(self, *, dim: int, heads: int, window: int, qkv_bias: bool):
         super().__init__()
         self.heads = heads
@@ -158,6 +172,7 @@ class WindowAttention(nn.Module):
 
 
 class Mlp(nn.Module):
+    """The block's two-layer MLP: `fc1`, GELU, `fc2`."""
     def __init__(self, *, dim: int, hidden_dim: int):
         super().__init__()
         self.fc1 = GammaLinear(dim, hidden_dim)
@@ -169,6 +184,8 @@ class Mlp(nn.Module):
 
 
 class SwinBlock(nn.Module):
+    """A pre-norm Swin block: window attention (on cyclically shifted windows every second block),
+    then the MLP, each added to the stream."""
     def __init__(self, *, dim: int, heads: int, window: int, shifted: bool, mlp_ratio: float, qkv_bias: bool):
         super().__init__()
         self.window, self.shifted = window, shifted
@@ -221,6 +238,8 @@ class SwinBlock(nn.Module):
 
 
 class PatchEmbed(nn.Module):
+    """Non-overlapping patches to tokens: one convolution with kernel and stride the patch size, then
+    LayerNorm."""
     def __init__(self, *, patch_size: int, in_chans: int, dim: int):
         super().__init__()
         self.proj = GammaConv2d(in_chans, dim, kernel_size=patch_size, stride=patch_size)
@@ -244,6 +263,8 @@ class PatchMerging(nn.Module):
 
 
 class SwinStage(nn.Module):
+    """One Swin stage: patch merging from the previous stage (not in the first), then its blocks,
+    alternating plain and shifted windows."""
     def __init__(self, *, in_dim: int, dim: int, depth: int, heads: int, window: int, downsample: bool,
                  mlp_ratio: float, qkv_bias: bool):
         super().__init__()
@@ -254,6 +275,7 @@ class SwinStage(nn.Module):
 
 
 class ClassifierHead(nn.Module):
+    """The classifier on the pooled tokens (the identity for a headless model)."""
     def __init__(self, *, dim: int, num_classes: int):
         super().__init__()
         self.fc = GammaLinear(dim, num_classes) if num_classes else nn.Identity()
@@ -263,6 +285,8 @@ class ClassifierHead(nn.Module):
 
 
 class Swin(nn.Module):
+    """Swin Transformer: patch embedding, stages of windowed attention joined by patch merging,
+    the final norm, the mean over tokens and the classifier; `model.trace(pixels)` a `Trace`."""
     def __init__(self, config: SwinConfig):
         super().__init__()
         c = self.config = config

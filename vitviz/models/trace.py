@@ -11,7 +11,6 @@ from functools import cached_property
 import torch
 from torch import Tensor
 
-
 KeptAttention = bool | slice   # `trace(attention=...)`: every block's attention maps, none, or a slice of the blocks'
 
 
@@ -112,6 +111,9 @@ class AttentionParts:
 
 @dataclass
 class BlockTrace:
+    """What one block computed: its output tokens (prefix tokens first), the attention it applied
+    (global or per window), the query and key grids it worked on and, where asked for, its input
+    and the parts gradient and decomposition methods read."""
     attn: Tensor | None            # post-softmax, heads at dim -3, queries -2, keys -1: b h nq nk (global), or
                                    # b nw h t t per window (`windows`); None from trace(..., attention=False)
     tokens: Tensor                 # b n c, the block's output (prefix tokens first)
@@ -147,6 +149,8 @@ class BlockTrace:
 
 @dataclass
 class Trace:
+    """What a traced forward pass returns: the logits, every block's `BlockTrace` in forward order, each
+    stage's embedding geometry and feature map, and the size of the input the model saw."""
     logits: Tensor                 # b classes; b 0 for a model without a classifier (headless: see `pooled`)
     blocks: list[BlockTrace]       # forward order
     embeddings: list[Embedding]    # one per stage

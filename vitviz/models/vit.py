@@ -25,6 +25,8 @@ ACTIVATIONS = {"gelu": GELU, "quick_gelu": QuickGELU}   # the MLP's, by timm's `
 
 @dataclass(frozen=True)
 class ViTConfig:
+    """A ViT's architecture as timm's `VisionTransformer` arguments name it: size, patches, width and
+    depth, its prefix tokens (class, distillation, registers), pooling and normalisation choices."""
     img_size: tuple[int, int] = (224, 224)   # the size pos_embed was trained for
     patch_size: int = 16
     in_chans: int = 3
@@ -83,6 +85,8 @@ def resample_pos_embed(pos_embed: Tensor, new_grid: tuple[int, int], old_grid: t
 
 
 class Attention(nn.Module):
+    """Multi-head self-attention over all tokens (timm's `attn.qkv`, `attn.proj`), with its attention
+    matrix handed back when asked for."""
     def __init__(self, *, dim: int, heads: int, qkv_bias: bool):
         super().__init__()
         self.heads = heads
@@ -109,6 +113,7 @@ class Attention(nn.Module):
 
 
 class LayerScale(nn.Module):
+    """A learnt per-channel scale on a block's update (CaiT's LayerScale, as DINOv2 uses it)."""
     def __init__(self, *, dim: int, init_values: float):
         super().__init__()
         self.gamma = nn.Parameter(init_values * torch.ones(dim))
@@ -118,6 +123,7 @@ class LayerScale(nn.Module):
 
 
 class Mlp(nn.Module):
+    """The block's two-layer MLP: `fc1`, the activation, `fc2`."""
     def __init__(self, *, dim: int, hidden_dim: int, act: str = "gelu"):
         super().__init__()
         self.fc1 = GammaLinear(dim, hidden_dim)
@@ -129,6 +135,8 @@ class Mlp(nn.Module):
 
 
 class Block(nn.Module):
+    """A pre-norm transformer block: x + attn(norm1(x)), then x + mlp(norm2(x)), each update optionally
+    scaled by LayerScale."""
     def __init__(self, *, dim: int, heads: int, mlp_ratio: float, qkv_bias: bool, init_values: float | None,
                  act: str = "gelu", eps: float = LN_EPS):
         super().__init__()
@@ -160,6 +168,7 @@ class Block(nn.Module):
 
 
 class PatchEmbed(nn.Module):
+    """Non-overlapping patches to tokens: one convolution with kernel and stride the patch size."""
     def __init__(self, *, patch_size: int, in_chans: int, dim: int, bias: bool = True):
         super().__init__()
         self.proj = GammaConv2d(in_chans, dim, kernel_size=patch_size, stride=patch_size, bias=bias)
@@ -169,6 +178,8 @@ class PatchEmbed(nn.Module):
 
 
 class ViT(nn.Module):
+    """Vision Transformer: patches and prefix tokens with position embeddings through the blocks, the
+    final norm and the classifier; `model(pixels)` gives logits, `model.trace(pixels)` a `Trace`."""
     def __init__(self, config: ViTConfig):
         super().__init__()
         c = self.config = config

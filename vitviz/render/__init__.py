@@ -1,12 +1,25 @@
 """Views: pure numpy/OpenCV functions from an image, a trace's geometry and token maps to RGB uint8
 arrays, drawn in the coordinates of the user's original image (resize and centre crop inverted; what
 the model never saw shaded). Build a `Canvas` once per (image, transform, model), then draw on it."""
-from .anatomy import (attention_distance_plot, embedding_filters, faithfulness_plot, filter_components, filter_tiles,
-                      outlier_tokens, pca, position_embedding, position_similarity, position_tiles, relative_bias_tiles,
-                      relative_position_biases, ring_tokens, token_norm_map)
+from .anatomy import (
+                      attention_distance_plot,
+                      embedding_filters,
+                      faithfulness_plot,
+                      filter_components,
+                      filter_tiles,
+                      outlier_tokens,
+                      pca,
+                      position_embedding,
+                      position_similarity,
+                      position_tiles,
+                      relative_bias_tiles,
+                      relative_position_biases,
+                      ring_tokens,
+                      token_norm_map,
+)
 from .canvas import Canvas
-from .evaluation import evaluation_plot
 from .captions import caption, tile
+from .evaluation import evaluation_plot
 from .geometry import Field, Frame, display_size, fields
 from .grid import notice, patch_grid, prefix_legend, stage_grids, stage_lines
 from .heads import head_tile, layer_strip

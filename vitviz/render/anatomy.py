@@ -17,7 +17,6 @@ import cv2
 import numpy as np
 import torch
 from einops import rearrange
-
 from torch import nn
 
 from ..explain.artefacts import OUTLIER_Z, outliers
@@ -185,7 +184,7 @@ def attention_distance_plot(distances: Mapping[str, Sequence[Sequence[float]]], 
     if not distances:
         return _message_panel(["Neither model has attention:", "a CNN's reach is its receptive field",
                                "(Compare > How far each layer looks)."], 640)
-    from matplotlib.figure import Figure   # matplotlib only where a plot is drawn
+    from matplotlib.figure import Figure  # matplotlib only where a plot is drawn
     fig = Figure(figsize=(6.4, 4.2), dpi=100)
     ax = fig.add_subplot()
     markers = "osD^v"
@@ -213,7 +212,7 @@ def faithfulness_plot(*, fractions, deletion: Mapping[str, Sequence[float]],
     (trapezoidal over `fractions`). Curves whose name contains 'random' are drawn as grey dashes.
     Deletion: lower is better; insertion: higher is better."""
     x = np.asarray(fractions, dtype=float)
-    from matplotlib.figure import Figure   # matplotlib only where a plot is drawn
+    from matplotlib.figure import Figure  # matplotlib only where a plot is drawn
     fig = Figure(figsize=(8.0, 3.6), dpi=100)
     for k, (title, curves, better) in enumerate((("deletion", deletion, "lower"), ("insertion", insertion, "higher"))):
         ax = fig.add_subplot(1, 2, k + 1)

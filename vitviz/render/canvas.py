@@ -127,7 +127,8 @@ class Canvas:
         """The base image with what the model never saw darkened and hatched, outlined where it starts."""
         def build():
             out = cv2.LUT(self.image, UNSEEN_TABLE)
-            cv2.copyTo(cv2.LUT(self.image, UNSEEN_TABLE // 2 + 60), _hatch(self.size), out)   # lighter lines on any colour
+            lines = cv2.LUT(self.image, UNSEEN_TABLE // 2 + 60)   # lighter lines on any colour
+            cv2.copyTo(lines, _hatch(self.size), out)
             seen = self.seen_slices(field)
             out[seen] = self.image[seen]
             x0, y0, x1, y1 = self.frame.box_to_display(self.frame.seen_box(field))   # outline just outside

@@ -24,7 +24,7 @@ def lens_plot(curves: Mapping[str, tuple[Sequence[float], Sequence[float]]], *,
               chance: float | None = None) -> np.ndarray:
     """The logit lens's probability of each model's final class after every block it reads, over relative
     depth. curves: legend label -> (relative depths, probabilities); `chance`: 1 / classes, drawn dotted."""
-    from matplotlib.figure import Figure   # matplotlib only where a plot is drawn
+    from matplotlib.figure import Figure  # matplotlib only where a plot is drawn
     fig = Figure(figsize=(6.4, 4.2), dpi=100, layout="constrained")
     ax = fig.add_subplot()
     for k, (label, (depth, probs)) in enumerate(curves.items()):
@@ -98,6 +98,7 @@ def lens_patches(canvas: Canvas, classes: np.ndarray, probs: np.ndarray, labels:
 
 
 def tokens(count: int) -> str:
+    """'1 token', '2 tokens': a count of tokens in words, for captions."""
     return f"{count} token{'s' * (count != 1)}"
 
 
@@ -151,7 +152,7 @@ def receptive_view(canvas: Canvas, values, *, centre: tuple[float, float], r50: 
     """One block's effective receptive field (H W, at the model's input resolution) over the photo, with circles
     of the radii holding 50 % (solid) and 90 % (dashed) of it around the centre token (`centre` (y, x), input
     pixels)."""
-    from .overlay import overlay   # the map module's own drawing, at pixel resolution
+    from .overlay import overlay  # the map module's own drawing, at pixel resolution
     h, w = np.asarray(values).shape[-2:]
     field = Field(grid=(h, w), stride=1, offset=0, size=1)
     out = overlay(canvas, values, field=field, cmap=cmap, alpha=0.7)

@@ -78,7 +78,8 @@ def head_heatmap(heads, *, title: str, rows: Sequence[str] | None = None) -> np.
 def position_table(patching: Patching) -> np.ndarray:
     """Layer x position for residual patching: each block's prefix tokens, then its grid squares row-major
     (CvT's stages have different grids: the shorter rows end in NaN)."""
-    rows = [np.concatenate([p.cpu().numpy(), g.flatten().cpu().numpy()]) for p, g in zip(patching.prefix, patching.grid)]
+    rows = [np.concatenate([p.cpu().numpy(), g.flatten().cpu().numpy()])
+            for p, g in zip(patching.prefix, patching.grid)]
     table = np.full((len(rows), max(len(r) for r in rows)), np.nan)
     for i, row in enumerate(rows):
         table[i, :len(row)] = row

@@ -20,7 +20,7 @@ def evaluation_plot(panels: Mapping[str, Mapping[str, Band]], *, fractions: Mapp
     'random' are drawn as grey dashes. One panel per test, the legend in the last cell."""
     columns = 3
     rows = -(-(len(panels) + 1) // columns)
-    from matplotlib.figure import Figure   # matplotlib only where a plot is drawn
+    from matplotlib.figure import Figure  # matplotlib only where a plot is drawn
     fig = Figure(figsize=(4.2 * columns, 3.3 * rows), dpi=100)
     handles = {}
     for k, (test, curves) in enumerate(panels.items()):

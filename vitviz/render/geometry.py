@@ -126,7 +126,8 @@ class Frame:
         (x0, x1), (y0, y1) = self.to_display(np.array(box[0::2]), np.array(box[1::2]))
         return float(x0), float(y0), float(x1), float(y1)
 
-    @lru_cache(maxsize=256)   # a key of the canvases' caches: asked for by every view
+    # a key of the canvases' caches, asked for by every view; Frames are frozen and at most 256 are kept alive
+    @lru_cache(maxsize=256)   # noqa: B019
     def seen_box(self, field: Field) -> tuple[float, float, float, float]:
         """(x0, y0, x1, y1), input pixels: the part of the input some token of `field` reads (the crop,
         less any remainder a patchify without padding drops)."""

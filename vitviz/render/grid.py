@@ -210,7 +210,7 @@ def _draw_windows(out: np.ndarray, canvas: Canvas, field: Field, block, x0: floa
 def _stage_lines(canvas: Canvas, stage: int, anchor: tuple[int, int]) -> list[str]:
     field, window = canvas.fields[stage], canvas.embeddings[stage].window
     over = f"stage {stage} tokens" if stage else "pixels"
-    (h, w), (_, rw) = canvas.frame.image_size, canvas.frame.transform.resized_size(canvas.frame.image_size)
+    (_, w), (_, rw) = canvas.frame.image_size, canvas.frame.transform.resized_size(canvas.frame.image_size)
     return [f"stage {stage + 1}: {field.grid[0]}x{field.grid[1]} tokens; orange = token {anchor}",
             f"{window.kernel}x{window.kernel} window, stride {window.stride}, pad {window.padding} on {over}",
             f"effective stride {field.stride} px, receptive field {field.size} px",

@@ -33,7 +33,9 @@ def colormap(name: str) -> np.ndarray:
 
 
 def matplotlib_colormap(name: str) -> np.ndarray:
-    from matplotlib import colormaps   # only for a map vitviz does not ship
+    """A matplotlib colour map by name as a 256 x 3 uint8 table (for a map vitviz does not
+    ship); ValueError for a name matplotlib does not know."""
+    from matplotlib import colormaps  # only for a map vitviz does not ship
     if name not in colormaps:
         raise ValueError(f"unknown colour map {name!r}: try 'inferno', 'viridis', 'cividis' or 'turbo'")
     lut = colormaps[name].resampled(256)(np.arange(256))[:, :3]

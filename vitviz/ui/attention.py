@@ -11,8 +11,20 @@ from typing import NamedTuple
 import gradio as gr
 
 from ..explain import DEFAULT_MASS
-from .shared import (HIDDEN, INSTANT, WHOLE, Page, as_files, block_index, head_index, layer_slider,
-                     pictures_and_words, run_point, runs)
+from ..views import attention_view, head_views, model_view, window_views
+from .shared import (
+    HIDDEN,
+    INSTANT,
+    WHOLE,
+    Page,
+    as_files,
+    block_index,
+    head_index,
+    layer_slider,
+    pictures_and_words,
+    run_point,
+    runs,
+)
 
 
 class Heads(NamedTuple):
@@ -48,8 +60,8 @@ def render_layers(key, layer_a, head_a, layer_b, head_b, point=None, direction="
     views = []
     for run, layer, head in zip(runs(key), (layer_a, layer_b), (head_a, head_b)):
         block = block_index(run, layer)
-        views.append(run.attention_view(layer=block, head=head_index(run, block, head),
-                                        point=run_point(run, point), direction=direction))
+        views.append(attention_view(run, layer=block, head=head_index(run, block, head),
+                                    point=run_point(run, point), direction=direction))
     return tuple(views)
 
 
@@ -59,8 +71,8 @@ def render_heads(key, layer_a, layer_b, token="cls", point=None, threshold=False
     tokens holding `fraction` of each head's attention (DINO's display)."""
     mass = float(fraction) if threshold else None
     (heads_a, what_a), (heads_b, what_b) = [
-        run.head_views(layer=block_index(run, layer), point=run_point(run, point) if token == "point" else None,
-                       fraction=mass, style=style) for run, layer in zip(runs(key), (layer_a, layer_b))]
+        head_views(run, layer=block_index(run, layer), point=run_point(run, point) if token == "point" else None,
+                   fraction=mass, style=style) for run, layer in zip(runs(key), (layer_a, layer_b))]
     waiting = token == "point" and point is None
     note = f"Left: {what_a}.\n\nRight: {what_b}." + ("\n\nClick a point on the input image to choose the token; until "
                                                    "then the heads show the class token." if waiting else "")
@@ -70,7 +82,7 @@ def render_heads(key, layer_a, layer_b, token="cls", point=None, threshold=False
 def render_windows(key, layer_a, layer_b, point=None) -> tuple:
     """Each model's windows at its chosen layer (and the grid after the block's roll), the clicked token with the
     keys it sees; a model with global attention, or none, says so."""
-    items = [run.window_views(layer=block_index(run, layer), point=run_point(run, point))
+    items = [window_views(run, layer=block_index(run, layer), point=run_point(run, point))
              for run, layer in zip(runs(key), (layer_a, layer_b))]
     return tuple(pictures_and_words(views)[0] for views in items) + (
         "\n\n".join(f"**{side}**\n{pictures_and_words(views)[1]}" for side, views in zip(("Left", "Right"), items)),)
@@ -79,7 +91,7 @@ def render_windows(key, layer_a, layer_b, point=None) -> tuple:
 def render_model_view(key, token="cls", point=None, threshold=False, fraction=DEFAULT_MASS, style="outline") -> tuple:
     """Every layer x head of both models, one row of thumbnails per layer."""
     mass = float(fraction) if threshold else None
-    return tuple(run.model_view(point=run_point(run, point) if token == "point" else None, fraction=mass, style=style)
+    return tuple(model_view(run, point=run_point(run, point) if token == "point" else None, fraction=mass, style=style)
                  for run in runs(key))
 
 
@@ -172,7 +184,8 @@ def layout(page: Page) -> Attention:
                api_name="render_heads" if i == 0 else None, **INSTANT, **({} if i == 0 else HIDDEN))
     model_view_run.click(as_files(render_model_view), inputs=[key, token, point, threshold, fraction, style],
                          outputs=[every_a, every_b], api_name="render_model_view", **INSTANT)
-    windows_inputs, windows_outputs = [key, windows_layer_a, windows_layer_b, point], [windows_a, windows_b, windows_note]
+    windows_inputs = [key, windows_layer_a, windows_layer_b, point]
+    windows_outputs = [windows_a, windows_b, windows_note]
     for i, control in enumerate((windows_layer_a, windows_layer_b)):
         control.release(as_files(render_windows), inputs=windows_inputs, outputs=windows_outputs,
                         api_name="render_windows" if i == 0 else None, **INSTANT, **({} if i == 0 else HIDDEN))

@@ -12,6 +12,7 @@ import gradio as gr
 from ..evaluate import leaderboard
 from ..explain import FAMILIES, METHODS, method as find_method
 from ..render import faithfulness_plot
+from ..views import map_view
 from .shared import HIDDEN, INSTANT, MODEL_EVENTS, Page, as_files, run_point, runs, session
 
 
@@ -46,10 +47,11 @@ def render_gradients(key, method, target_a=None, target_b=None, point=None) -> t
     a model without a classifier, the similarity to the output of the token clicked on the image."""
     kept = session(key)
     if method not in METHODS or not METHODS[method].targeted:
-        raise gr.Error(f"Choose a method that explains a class: {', '.join(m for m in METHODS if METHODS[m].targeted)}.")
+        targeted = ", ".join(m for m in METHODS if METHODS[m].targeted)
+        raise gr.Error(f"Choose a method that explains a class: {targeted}.")
     options = [map_options(run, method, t, point) for run, t in zip(kept.runs, (target_a, target_b))]
     kept.fill_maps([[(method, o)] for o in options])
-    return tuple(run.map_view(method, **o) for run, o in zip(kept.runs, options))
+    return tuple(map_view(run, method, **o) for run, o in zip(kept.runs, options))
 
 
 def render_faithfulness(key, method, steps) -> tuple:
@@ -62,7 +64,7 @@ def render_faithfulness(key, method, steps) -> tuple:
             plots.append(None)
             continue
         if not run.applies(method):
-            plots.append(run.map_view(method))   # the notice: the method reads attention, which a CNN has none of
+            plots.append(map_view(run, method))   # the notice: the method reads attention, which a CNN has none of
             continue
         curves = run.faithfulness(method, steps=int(steps))
         title = METHODS[method].title

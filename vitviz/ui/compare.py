@@ -87,7 +87,8 @@ def lens_readings(key) -> list[gpu.Lens | None]:
 
     def compute():
         asked = [i for i, run in enumerate(kept.runs) if run.has_classifier]
-        got = gpu.lens([kept.names[i] for i in asked], [kept.runs[i].pixels for i in asked], kept.prompts) if asked else []
+        got = (gpu.lens([kept.names[i] for i in asked], [kept.runs[i].pixels for i in asked], kept.prompts)
+               if asked else [])
         found = dict(zip(asked, got))
         return [found.get(i) for i in range(len(kept.runs))]
     return kept.reading("lens", compute)

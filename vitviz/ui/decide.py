@@ -127,8 +127,8 @@ def summary(run: ModelRun, decided: Decided) -> str:
     top = table["top_head"]
     if top is None:   # a convolutional network: each block's whole update is one part
         return (f"**{run.name}**, class **{table['target']['label']}**: logit {table['logit']:.3g} = the blocks "
-                f"{mlp:+.3g}, the last stage's input {table['embedding']:+.3g}, biases {table['bias']:+.3g} (sum of the "
-                f"parts {table['sum_of_parts']:.3g}); it has no attention heads.")
+                f"{mlp:+.3g}, the last stage's input {table['embedding']:+.3g}, biases {table['bias']:+.3g} "
+                f"(sum of the parts {table['sum_of_parts']:.3g}); it has no attention heads.")
     return (f"**{run.name}**, class **{table['target']['label']}**: logit {table['logit']:.3g} = attention "
             f"{attention:+.3g}, MLPs {mlp:+.3g}, the class token's embedding {table['embedding']:+.3g}, biases "
             f"{table['bias']:+.3g} (sum of the parts {table['sum_of_parts']:.3g}); top head: layer {top['layer'] + 1}, "

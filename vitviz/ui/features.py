@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import gradio as gr
 
+from ..views import channel_view, feature_pca_view, stage_views
 from .shared import INSTANT, Page, as_files, runs
 
 
 def render_stages(key) -> tuple:
     """Per-stage features (PCA as RGB, token norms) and each model's last stage's most active channels."""
-    return tuple(run.stage_views() + [run.channel_view(len(run.trace.features) - 1)] for run in runs(key))
+    return tuple(stage_views(run) + [channel_view(run, len(run.trace.features) - 1)] for run in runs(key))
 
 
 def render_features(key) -> tuple:
     """The DINOv2 paper's picture of each model's last-layer patch features, and what each shows in words."""
-    (view_a, words_a), (view_b, words_b) = [run.feature_pca_view() for run in runs(key)]
+    (view_a, words_a), (view_b, words_b) = [feature_pca_view(run) for run in runs(key)]
     return view_a, view_b, f"Left: {words_a}.\n\nRight: {words_b}."
 
 

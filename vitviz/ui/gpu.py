@@ -247,7 +247,8 @@ def video_frames(names: list[str], pixels: list[torch.Tensor], methods: list[str
     per model a `video.BatchReading` (each frame's top 5 and maps, plain arrays)."""
     from ..video import read_batch
 
-    return [in_words(read_batch, model, image, methods) for model, image in zip(_models(names, prompts=prompts), pixels)]
+    return [in_words(read_batch, model, image, methods)
+            for model, image in zip(_models(names, prompts=prompts), pixels)]
 
 
 def cka_seconds(names, uploads, tokens, progress=None) -> int:

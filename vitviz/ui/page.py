@@ -1,6 +1,6 @@
 """The page: the input image, the two model boxes, the one-click pairs, Explain, and the first screen
-that answers (both models' predictions, their rollout maps, Grad-CAM for a CNN, and what the two agree on), with the tabs
-under it, grouped by the question each answers."""
+that answers (both models' predictions, their rollout maps, Grad-CAM for a CNN, and what the two agree
+on), with the tabs under it, grouped by the question each answers."""
 from __future__ import annotations
 
 import functools
@@ -10,12 +10,23 @@ from typing import NamedTuple
 import gradio as gr
 
 from .. import catalog, hub
-from ..render import DEFAULT_CMAP, per_uniform, shared_scale
-from ..preprocess import PROMPT_TEMPLATE
-from ..session import MODEL_GATE, agreement
-from . import anatomy, attention, classes, decide, download, features, gpu, tokens, video
-from . import compare as compare_tab   # build() names its comparison line `compare`
 from ..explain import METHODS
+from ..preprocess import PROMPT_TEMPLATE
+from ..render import DEFAULT_CMAP, per_uniform, shared_scale
+from ..session import MODEL_GATE, agreement
+from ..views import map_view
+from . import (
+    anatomy,
+    attention,
+    classes,
+    compare as compare_tab,  # build() names its comparison line `compare`
+    decide,
+    download,
+    features,
+    gpu,
+    tokens,
+    video,
+)
 from .shared import DEFAULT_PROMPTS, HIDDEN, INSTANT, MODEL_EVENTS, SESSIONS, Page, as_files, prompts_of, runs, session
 from .store import Session
 
@@ -70,9 +81,9 @@ def comparison(runs_, maps) -> str:
     rho = agreement(a.canvas, b.canvas, *maps)
     headless = [run.name for run in runs_ if not run.has_classifier]
     if headless:
-        verdict = (f"{' and '.join(headless)} {'has' if len(headless) == 1 else 'have'} no classifier (self-supervised), "
-                   f"so there are no classes to compare; the tabs *Attention*, *Features* and *Tokens* show what "
-                   f"needs no class.")
+        verdict = (f"{' and '.join(headless)} {'has' if len(headless) == 1 else 'have'} no classifier "
+                   f"(self-supervised), so there are no classes to compare; the tabs *Attention*, *Features* and "
+                   f"*Tokens* show what needs no class.")
     elif a.top(1)[0].label == b.top(1)[0].label:
         verdict = f"Both predict **{a.top(1)[0].label}**."
     else:
@@ -94,7 +105,7 @@ def render_maps(key, cmap=DEFAULT_CMAP, mode="bilinear", style="heatmap", shared
     maps = [run.token_map(run.overview_method) for run in runs_]
     values = [per_uniform(m) for m in maps] if shared else maps
     scale = shared_scale(*values) if shared else None
-    views = [run.map_view(run.overview_method, values=v, scale=scale, cmap=cmap, mode=mode, style=style)
+    views = [map_view(run, run.overview_method, values=v, scale=scale, cmap=cmap, mode=mode, style=style)
              for run, v in zip(runs_, values)]
     return (*views, comparison(runs_, maps))
 
@@ -169,10 +180,10 @@ def build(vit: str, cvt: str, notice: str = "") -> gr.Blocks:
         compare = gr.Markdown(elem_id="comparison")
         with gr.Row(equal_height=False):
             label_a = gr.Label(num_top_classes=5, label="left: top 5", elem_id="label-a", min_width=200, scale=2)
-            map_a = gr.Image(label="left: attention rollout (a CNN: Grad-CAM)", interactive=False, height=240, elem_id="map-a",
-                             min_width=200, scale=3)
-            map_b = gr.Image(label="right: attention rollout (a CNN: Grad-CAM)", interactive=False, height=240, elem_id="map-b",
-                             min_width=200, scale=3)
+            map_a = gr.Image(label="left: attention rollout (a CNN: Grad-CAM)", interactive=False, height=240,
+                             elem_id="map-a", min_width=200, scale=3)
+            map_b = gr.Image(label="right: attention rollout (a CNN: Grad-CAM)", interactive=False, height=240,
+                             elem_id="map-b", min_width=200, scale=3)
             label_b = gr.Label(num_top_classes=5, label="right: top 5", elem_id="label-b", min_width=200, scale=2)
         with gr.Tabs(selected="attention", elem_id="tabs") as tabs:
             page = Page(key=key, point=point, image=image, model_a=model_a, model_b=model_b, tabs=tabs)

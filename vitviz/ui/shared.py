@@ -11,8 +11,8 @@ from pathlib import Path
 
 import gradio as gr
 import numpy as np
-from PIL import Image
 from gradio.utils import get_upload_folder
+from PIL import Image
 
 from ..preprocess import prompts_from_text
 from ..session import MODEL_GATE, ModelRun

@@ -8,8 +8,19 @@ from typing import NamedTuple
 
 import gradio as gr
 
-from .shared import (HIDDEN, INSTANT, WHOLE, Page, as_files, block_index, layer_slider, pictures_and_words, run_point,
-                     runs)
+from ..views import artefact_views, grid_gallery, norm_view
+from .shared import (
+    HIDDEN,
+    INSTANT,
+    WHOLE,
+    Page,
+    as_files,
+    block_index,
+    layer_slider,
+    pictures_and_words,
+    run_point,
+    runs,
+)
 
 
 class Grids(NamedTuple):
@@ -30,13 +41,13 @@ class Registers(NamedTuple):
 def render_tokens(key, point=None) -> Grids:
     """How each model cuts the image into tokens, the token under `point` marked; what each drawing shows as
     page text."""
-    (grid_a, words_a), (grid_b, words_b) = [pictures_and_words(run.grid_gallery(point=run_point(run, point)))
+    (grid_a, words_a), (grid_b, words_b) = [pictures_and_words(grid_gallery(run, point=run_point(run, point)))
                                             for run in runs(key)]
     return Grids(grid_a, grid_b, words_a, words_b)
 
 
 def render_norms(key, layer_a, layer_b) -> tuple:
-    return tuple(run.norm_view(block_index(run, layer)) for run, layer in zip(runs(key), (layer_a, layer_b)))
+    return tuple(norm_view(run, block_index(run, layer)) for run, layer in zip(runs(key), (layer_a, layer_b)))
 
 
 def render_registers(key) -> Registers:
@@ -44,7 +55,7 @@ def render_registers(key) -> Registers:
     and what each view shows, in words."""
     galleries, notes = [], []
     for side, run in zip(("Left", "Right"), runs(key)):
-        views, registers, summary = run.artefact_views()
+        views, registers, summary = artefact_views(run)
         (views, views_words), (registers, registers_words) = pictures_and_words(views), pictures_and_words(registers)
         galleries += [views, registers]
         notes.append(f"{side}: {summary}\n\n{views_words}" + (f"\n\nIts registers:\n\n{registers_words}"

@@ -60,8 +60,9 @@ def checked_fps(fps) -> float:
 
 
 def stability_words(result: clips.VideoResult, cut: str) -> str:
-    """The stability numbers in words: per model and method, how alike consecutive frames' maps are, whose is
-    steadier, and how much the two models agree."""
+    """The stability numbers in words: per model and method, how alike consecutive frames' maps are; where a model
+    drew another method than the first asked, which and why; whose drawn map is steadier, and how much the two
+    drawn maps agree."""
     steady = result.stability["consecutive_frames_spearman"]
     lines = [f"**{result.manifest['sampling']['frames']} frames** at {result.manifest['sampling']['fps']:g} per second"
              + (f" ({cut})" if cut else "") + ".", ""]
@@ -69,15 +70,19 @@ def stability_words(result: clips.VideoResult, cut: str) -> str:
         values = ", ".join(f"{METHODS[m].title} **{v:.2f}**" for m, v in by.items() if v is not None)
         lines.append(f"- {model}: consecutive frames' maps correlate {values or 'on no method'} (Spearman; 1 = steady)")
     lines.append("")   # the list ends: what follows is a paragraph of its own
-    first = result.manifest["methods"][0] if result.manifest["methods"] else None
-    scored = {model: by.get(first) for model, by in steady.items() if by.get(first) is not None}
+    for note in result.fallbacks():   # a paragraph each
+        lines += [note, ""]
+    scored = {model: (method, steady[model][method]) for model, method in result.drawn.items()
+              if steady[model].get(method) is not None}
     if len(scored) == 2:
-        (a, va), (b, vb) = scored.items()
-        lines.append(f"**{a if va >= vb else b}'s {METHODS[first].title} is steadier** ({max(va, vb):.2f} against "
-                     f"{min(va, vb):.2f}).")
+        (a, (ma, va)), (b, (mb, vb)) = sorted(scored.items(), key=lambda item: -item[1][1])
+        other = "" if ma == mb else f" {METHODS[mb].title}"
+        lines.append(f"**{a}'s {METHODS[ma].title} is steadier** than {b}'s{other} ({va:.2f} against {vb:.2f}).")
     agree = result.stability["agreement"]["mean"]
     if agree is not None:
-        lines.append(f"The two models' maps agree with a mean rank correlation of **{agree:.2f}** over the frames.")
+        titles = " and ".join(dict.fromkeys(METHODS[m].title for m in result.drawn.values()))
+        lines.append(f"The two models' maps ({titles}) agree with a mean rank correlation of **{agree:.2f}** over "
+                     f"the frames.")
     if result.stability["smoothing"]:
         lines.append(f"Smoothed over time: each map is {result.stability['smoothing']:g} of the previous one's plus "
                      f"the rest of its own.")
@@ -147,7 +152,8 @@ class Video:
 def layout(page: Page, prompts: gr.Textbox) -> Video:
     with gr.Tab("Video", id="video"):
         gr.Markdown("Both models on every frame of a clip (its first 30 s, at most 300 frames), side by side in one "
-                    "video: each with its first map, its top class and probability. The timeline shows each model's "
+                    "video: each with its first map (a CNN, which has no attention, with Grad-CAM where that map "
+                    "reads attention), its top class and probability. The timeline shows each model's "
                     "confidence over time (shaded: they disagree) and how much their maps agree; the numbers say "
                     "whose explanation is steadier from one frame to the next.")
         with gr.Row(equal_height=False):

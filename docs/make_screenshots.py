@@ -1,0 +1,152 @@
+"""The documentation's screenshots of the app, remade from the bundled models whenever a view changes:
+
+    python docs/make_screenshots.py            (writes docs/images/first-screen.png and docs/images/tab-<id>.png)
+
+The real app is launched offline on its bundled CIFAR-10 pair (a ViT and a CvT) and driven by Debian's Chromium
+through Playwright, 1400 px wide, as a person would: the example photo uploaded, Explain pressed, a point on the
+cat clicked, then each tab opened and whatever it needs run (Compute, the example clip, Build the zip). Each
+picture is a 256-colour PNG, which keeps all of them to a few megabytes."""
+from __future__ import annotations
+
+import io
+import sys
+import tempfile
+from pathlib import Path
+
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from tests.app_server import launch  # noqa: E402  (the launcher the app's tests use)
+from vitviz.catalog import BUNDLED_PAIR  # noqa: E402
+
+IMAGES = ROOT / "docs" / "images"
+PHOTO = ROOT / "assets" / "cat_chelsea.jpg"
+CLIP = ROOT / "assets" / "horse_pan_zoom.mp4"
+CHROMIUM = "/usr/bin/chromium"
+WIDTH, FIRST_SCREEN_HEIGHT = 1400, 900
+SLOW = 300_000   # ms: a model pass on a busy CPU (the video: every frame through both models)
+
+
+def save(png: bytes, name: str) -> None:
+    """A screenshot as a 256-colour PNG: the views' colour maps survive, the file is a fifth of the size."""
+    picture = Image.open(io.BytesIO(png)).convert("RGB")
+    picture.quantize(colors=256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE).save(
+        IMAGES / name, optimize=True)
+    print(f"{name}: {picture.width}x{picture.height}, {(IMAGES / name).stat().st_size // 1024} KiB")
+
+
+def loaded(page, selector: str) -> None:
+    """Every shown image under `selector` (those of closed tabs aside) scrolled into view, as galleries load
+    theirs lazily, and decoded."""
+    for image in page.locator(f"{selector} img").all():
+        if image.is_visible():
+            image.scroll_into_view_if_needed()
+    page.wait_for_function("s => [...document.querySelectorAll(s + ' img')].every(i => !i.offsetParent || "
+                           "(i.complete && i.naturalWidth))", arg=selector, timeout=SLOW)
+
+
+def drawn(page, *panels: str) -> None:
+    """Wait until each panel shows an image, then until all of them are decoded."""
+    for panel in panels:
+        page.locator(f"{panel} img").first.wait_for(timeout=SLOW)
+        loaded(page, panel)
+
+
+def shoot_tab(page, tab: str) -> None:
+    """The tab bar and the open tab's panel, whole."""
+    loaded(page, "#tabs")
+    # scrolling the images into view scrolled the galleries inside: back to their first picture
+    page.evaluate("document.querySelectorAll('#tabs *').forEach(e => { e.scrollTop = 0; })")
+    page.wait_for_timeout(500)   # the last layout shift after the images
+    save(page.locator("#tabs").screenshot(), f"tab-{tab}.png")
+
+
+def first_screen(page, url: str) -> None:
+    page.goto(url)
+    page.locator("#input-image input[type=file]").set_input_files(str(PHOTO))
+    page.locator("#input-image img").first.wait_for(timeout=30_000)
+    page.locator("#explain").click()
+    page.locator("#comparison").get_by_text("rank correlation").first.wait_for(timeout=SLOW)
+    drawn(page, "#map-a", "#map-b")
+    page.evaluate("window.scrollTo(0, 0)")
+    save(page.screenshot(), "first-screen.png")
+
+
+def tabs(page) -> None:
+    """Each tab as it answers after the Explain, given what it needs to show something."""
+    page.get_by_role("tab", name="Tokens").click()
+    page.locator("#grid-words-b").get_by_text("receptive field").first.wait_for(timeout=SLOW)
+    drawn(page, "#grid-a", "#grid-b")
+    shoot_tab(page, "tokens")
+
+    page.get_by_role("tab", name="Attention").click()
+    drawn(page, "#attn-a", "#attn-b")
+    before = page.locator("#attn-a img").first.get_attribute("src")
+    image = page.locator("#input-image img").first   # a click on the cat: where that token looks
+    box = image.bounding_box()
+    image.click(position={"x": box["width"] * 0.4, "y": box["height"] * 0.5})
+    page.wait_for_function("before => document.querySelector('#attn-a img').src !== before", arg=before,
+                           timeout=SLOW)
+    drawn(page, "#attn-a", "#attn-b")
+    shoot_tab(page, "attention")
+
+    page.get_by_role("tab", name="Explain a class").click()
+    page.locator("#class-compute").click()   # the default method on each model's top class
+    drawn(page, "#class-map-a", "#class-map-b")
+    shoot_tab(page, "classes")
+
+    page.get_by_role("tab", name="Features").click()
+    page.wait_for_function("() => document.querySelectorAll('#features-tabs img').length >= 4", timeout=SLOW)
+    shoot_tab(page, "features")
+
+    page.get_by_role("tab", name="Anatomy").click()
+    page.wait_for_function("() => [...document.querySelectorAll('#tabs [role=tabpanel]')].some(p => "
+                           "p.offsetParent && p.querySelectorAll('img').length >= 4)", timeout=SLOW)
+    shoot_tab(page, "anatomy")
+
+    page.get_by_role("tab", name="Compare").click()
+    drawn(page, "#lens-curve", "#lens-a", "#lens-b")
+    shoot_tab(page, "compare")
+
+    page.get_by_role("tab", name="What decides").click()
+    drawn(page, "#decide-bars-a", "#decide-bars-b", "#decide-heads-a", "#decide-heads-b")
+    shoot_tab(page, "decide")
+
+    page.get_by_role("tab", name="Video").click()
+    page.locator("#video-input input[type=file]").set_input_files(str(CLIP))
+    page.locator("#video-input video").first.wait_for(timeout=30_000)
+    page.locator("#video-run").click()
+    page.locator("#video-stability").get_by_text("steadier").first.wait_for(timeout=SLOW)
+    drawn(page, "#video-timeline")
+    page.evaluate("""async () => {   // a frame from the middle of the clip, not a blank first one
+        const v = document.querySelector('#video-result video');
+        if (v.readyState < 1) await new Promise(r => v.addEventListener('loadedmetadata', r, {once: true}));
+        v.currentTime = v.duration / 2;
+        await new Promise(r => v.addEventListener('seeked', r, {once: true}));
+    }""")
+    shoot_tab(page, "video")
+
+    page.get_by_role("tab", name="Download").click()
+    page.locator("#download-build").click()
+    page.locator("#download-file a").first.wait_for(timeout=SLOW)
+    shoot_tab(page, "download")
+
+
+if __name__ == "__main__":
+    from playwright.sync_api import sync_playwright
+
+    IMAGES.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="vitviz-screenshots-") as tmp:
+        vit, cvt = BUNDLED_PAIR   # named, so the page carries no offline notice
+        server = launch(Path(tmp), "--vit", vit, "--cvt", cvt)
+        try:
+            with sync_playwright() as p:
+                browser = p.chromium.launch(executable_path=CHROMIUM, args=[
+                    "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"])
+                page = browser.new_page(viewport={"width": WIDTH, "height": FIRST_SCREEN_HEIGHT})
+                first_screen(page, server.url)
+                tabs(page)
+                browser.close()
+        finally:
+            server.stop()
