@@ -1,0 +1,122 @@
+"""vitviz's own dictionary file: one safetensors file, its header saying what the tensors are.
+
+    concepts.safetensors       (any name ending .safetensors; a folder holds it under this one)
+      tensors   W_enc d n, b_enc n, W_dec n d, b_dec d, normalisation.offset d, normalisation.scale (),
+                and a kind's own (BatchTopK: threshold ())
+      __metadata__ {"vitviz_concepts": JSON}, the JSON holding
+                format "vitviz-concepts", version, kind, d, n_concepts, settings (TopK's k, ...),
+                origin {model, revision, block, tokens}, normalisation (its formula, in words),
+                training (how it was trained, where `train` made it), sha256
+
+`sha256` is the SHA-256 of every tensor's name and bytes, in name order, as written: a file damaged
+after it was written (a flipped byte, a copy cut short) is refused rather than read as other weights.
+Files are written through a temporary file renamed into place, so no reader finds half of one, and
+never hold NaN or infinite values. Nothing in them is pickled: safetensors holds only numbers.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load as load_tensors, save as save_tensors
+from torch import Tensor
+
+from ..export import write_atomic
+from .dictionary import ConceptsError, Dictionary, Origin
+from .kinds import kind_named
+
+FORMAT, VERSION = "vitviz-concepts", 1
+FILE = "concepts.safetensors"   # the file's name in a folder
+HEADER_KEY = "vitviz_concepts"  # its key in the safetensors header's __metadata__
+NORMALISATION = "x_normalised = (x - normalisation.offset) / normalisation.scale"
+
+
+def matches(path: Path) -> bool:
+    """Whether `path` is in this layout: a .safetensors file, or a folder holding concepts.safetensors."""
+    return path.is_dir() and (path / FILE).is_file() or path.is_file() and path.suffix == ".safetensors"
+
+
+def save(dictionary: Dictionary, path: str | Path) -> Path:
+    """`dictionary` written to `path` (a .safetensors file, or a folder to hold concepts.safetensors) in
+    vitviz's layout, atomically; -> the file written. Refused, with nothing written, if a weight is NaN or
+    infinite."""
+    path = Path(path)
+    path = path if path.suffix == ".safetensors" else path / FILE
+    tensors = {name: value.detach().cpu().contiguous() for name, value in dictionary.state_dict().items()}
+    refuse_non_finite(tensors, f"The dictionary to be saved as {path}")
+    header = {"format": FORMAT, "version": VERSION, "kind": dictionary.kind, "d": dictionary.d,
+              "n_concepts": dictionary.n_concepts, "settings": dictionary.settings(),
+              "origin": dictionary.origin.to_dict(), "normalisation": NORMALISATION,
+              "training": dictionary.training_record, "sha256": checksum(tensors)}
+    write_atomic(path, save_tensors(tensors, {HEADER_KEY: json.dumps(header)}))
+    return path
+
+
+def read(path: Path) -> Dictionary:
+    """A vitviz dictionary file (or a folder holding one) -> the dictionary in eval mode on the CPU, or a
+    ConceptsError that says what is wrong with the file."""
+    path = path / FILE if path.is_dir() else path
+    data = path.read_bytes()
+    try:
+        tensors = load_tensors(data)
+    except SafetensorError as e:
+        raise ConceptsError(f"{path} is damaged or not a safetensors file ({_reason(e)}).") from None
+    header = _header(data, path)
+    if header.get("sha256") != checksum(tensors):
+        raise ConceptsError(f"{path} is damaged: its tensors are not the ones it was written with (their "
+                            f"SHA-256 differs from the one in its header).")
+    refuse_non_finite(tensors, str(path))
+    try:
+        cls = kind_named(header["kind"])
+        dictionary = cls(int(header["d"]), int(header["n_concepts"]), origin=Origin.from_dict(header["origin"]),
+                         **header["settings"])
+        dictionary.load_state_dict(tensors)
+    except ConceptsError as e:
+        raise ConceptsError(f"{path}: {e}") from None
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:
+        raise ConceptsError(f"{path}: its header and tensors do not fit together ({_reason(e)}).") from None
+    dictionary.training_record = header.get("training")
+    return dictionary.eval()
+
+
+def checksum(tensors: dict[str, Tensor]) -> str:
+    """SHA-256 of each tensor's name and bytes, in name order."""
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        digest.update(name.encode())
+        digest.update(tensors[name].contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def refuse_non_finite(tensors: dict[str, Tensor], what: str) -> None:
+    """A ConceptsError naming the tensors that hold NaN or infinite values, if any do."""
+    bad = [name for name, value in tensors.items() if value.is_floating_point() and not value.isfinite().all()]
+    if bad:
+        raise ConceptsError(f"{what} holds NaN or infinite values in {', '.join(bad)} (from a training run "
+                            f"that diverged?); a dictionary needs finite weights.")
+
+
+def _header(data: bytes, path: Path) -> dict:
+    """The vitviz JSON in a safetensors file's header, checked for its format and version."""
+    length = int.from_bytes(data[:8], "little")
+    metadata = json.loads(data[8:8 + length]).get("__metadata__") or {}
+    if HEADER_KEY not in metadata:
+        raise ConceptsError(f"{path} is a safetensors file, but not a vitviz dictionary (its header has no "
+                            f"{HEADER_KEY!r} entry).")
+    try:
+        header = json.loads(metadata[HEADER_KEY])
+    except json.JSONDecodeError as e:
+        raise ConceptsError(f"{path}: its vitviz header is not valid JSON ({e}).") from None
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise ConceptsError(f"{path}: its header does not describe a {FORMAT} dictionary.")
+    if not isinstance(header.get("version"), int) or header["version"] > VERSION:
+        raise ConceptsError(f"{path} was written by a newer vitviz (format version {header.get('version')}; "
+                            f"this one reads up to {VERSION}): upgrade vitviz to read it.")
+    return header
+
+
+def _reason(error: BaseException) -> str:
+    return (str(error).splitlines() or [type(error).__name__])[0].removeprefix("Error while deserializing: ")

@@ -1,0 +1,292 @@
+"""Training a dictionary on activations: `train(activations, kind="topk", k=32, expansion=8)`.
+
+The loss of a batch of t tokens, in normalised space (x̃ = (x - offset) / scale, `dictionary.py`):
+
+    L = mean over the t·d entries of (x̃ - x̂)²                   x̂ = z W_dec + b_dec
+      + l1 · (1/t) Σ_t Σ_i z_ti / d                              standard (ReLU) dictionaries
+      + auxk_alpha · AuxK                                        TopK and BatchTopK
+
+As the normalised entries have variance about 1, the first term is about the batch's FVU. The L1 term
+(Σ_i z_i ‖W_dec[i]‖, the rows being unit) is divided by d like the squared error, so L is SAELens's
+standard loss (squared error summed over the d entries + l1 · Σ_i z_i) divided by d: `l1` is its
+`l1_coefficient`, and keeps its meaning whatever d is.
+
+AuxK (Gao et al. 2024, A.2). A concept is dead once it has not fired for `dead_after` tokens (Gao et
+al.: 10 M; here at most half an epoch of a tensor, so that short runs see it). With e = x̃ - x̂ the
+batch's residual (no gradient through it), the k_aux = min(512, #dead) largest pre-activations among
+the dead concepts reconstruct it, ê = ReLU(TopK_kaux(pre_dead)) W_dec (no bias), and
+
+    AuxK = Σ_t ‖e_t - ê_t‖² / Σ_t ‖e_t‖²
+
+normalised by the residual's own size so that its weight (1/32) keeps its meaning as x̂ improves. The
+dead concepts get gradients again and come back towards directions the others miss.
+
+The decoder. Its rows start as random unit vectors, the encoder as their transpose and both biases at 0
+(Gao et al.; the normalisation has already centred the data, so b_dec = 0 is the mean). After each
+backward pass the part of each row's gradient along the row is removed, g_i ← g_i - (g_i · W_dec[i])
+W_dec[i], and after each Adam step the rows are scaled back to unit norm (Gao et al.; Bricken et al.),
+so a concept cannot shrink its direction to cheat the L1 penalty or grow it to outbid others.
+
+Optimisation. Adam at `lr` (4e-4), linearly warmed up over the first `warmup` steps, then constant.
+The normalisation (offset, scale) is estimated once, from the first `norm_tokens` tokens training
+reads. A tensor's tokens are shuffled anew each epoch by a permutation drawn from (seed, epoch); an
+iterable is read in its own order, re-cut into batches of `batch_size` tokens.
+
+Repeatable and resumable. The same activations, settings and seed give the same dictionary (on one
+device and thread count). With `checkpoint=PATH` the whole state (weights, Adam's moments, the
+position in the data, the dead-concept counters, the progress numbers) is written there every
+`checkpoint_every` steps and after each epoch, atomically; calling `train` again with the same path
+and settings continues from it, reading the activations again from the start and skipping the
+batches already trained on, and ends with the same dictionary as a run never interrupted. A larger
+`epochs` extends a finished run. The checkpoint is read with `torch.load(weights_only=True)`: numbers
+only, never pickled code.
+
+Data-parallel training (torchrun) is not here yet; the step is written so it can be, each rank taking
+its share of every batch of the same stream (so the normalisation, read from the same first tokens, is
+the same everywhere): the gradients are summed over the ranks at the point marked in `_step`, each
+concept's "fired" flag OR'ed and BatchTopK's smallest kept value taken over the ranks. To equal one
+process, the batch means become sums over the whole batch's count, AuxK's denominator Σ‖e‖² is
+summed before the division, and BatchTopK's cut (the k·t-th largest code of the whole batch) comes
+from the ranks' gathered top k·t values.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import pickle
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+from tqdm import tqdm
+
+from .batches import Activations, batches, is_one_pass, token_count
+from .batchtopk import THRESHOLD_RATE, BatchTopK
+from .dictionary import ConceptsError, Dictionary, Origin
+from .kinds import kind_named
+from .topk import top_k_relu
+
+K = 32               # concepts per token, TopK and BatchTopK
+L1 = 1.0            # the standard dictionary's L1 coefficient: SAELens's l1_coefficient (see the loss above)
+K_AUX = 512          # Gao et al.'s k_aux
+AUXK_ALPHA = 1 / 32  # Gao et al.'s weight of AuxK
+DEAD_AFTER = 10_000_000   # tokens without firing after which a concept is dead (Gao et al.)
+
+
+def train(activations: Activations, *, kind: str = "topk", k: int | None = None, expansion: int = 8,
+          l1: float | None = None, epochs: int = 1, batch_size: int = 4096, lr: float = 4e-4, warmup: int = 100,
+          auxk_alpha: float = AUXK_ALPHA, k_aux: int = K_AUX, dead_after: int | None = None,
+          threshold_rate: float = THRESHOLD_RATE, norm_tokens: int = 100_000, seed: int = 0,
+          model: str | None = None, revision: str | None = None, block: int | None = None,
+          tokens: str | None = None, checkpoint: str | Path | None = None, checkpoint_every: int = 500,
+          device: str | torch.device | None = None, progress: bool = True) -> Dictionary:
+    """A dictionary of `expansion` x d concepts trained on `activations` (raw: a tensor (..., d), or an
+    iterable of (..., d) batches; a one-pass iterator only for one epoch), in eval mode on `device`.
+
+    `kind`: 'standard' (ReLU + `l1`, default 1.0), 'topk' or 'batchtopk' (`k` concepts per token, default
+    32). `model`, `revision`, `block` and `tokens` say what the activations are; the dictionary and its file
+    keep them. A progress bar (stderr, unless `progress=False`) shows the epoch's running FVU and L0. The
+    module docstring has the loss, AuxK, the decoder's constraint and how `checkpoint` resumes.
+    Raises `ConceptsError` for settings or activations that can't be trained on, said in words.
+    """
+    cls = kind_named(kind)
+    if cls.penalised and k is not None:
+        raise ConceptsError(f"k is for TopK and BatchTopK dictionaries; a {kind} dictionary is made sparse by its "
+                            f"L1 penalty (l1=...).")
+    if not cls.penalised and l1 is not None:
+        raise ConceptsError(f"l1 is for standard dictionaries; a {kind} dictionary keeps k concepts per token "
+                            f"(k=...).")
+    for name, value in (("expansion", expansion), ("epochs", epochs), ("batch_size", batch_size),
+                        ("checkpoint_every", checkpoint_every)):
+        if not isinstance(value, int) or value < 1:
+            raise ConceptsError(f"{name} must be a whole number of at least 1, not {value!r}.")
+    if epochs > 1 and is_one_pass(activations):
+        raise ConceptsError(f"{epochs} epochs need the activations {epochs} times, and an iterator can be read only "
+                            f"once: pass a tensor or a re-iterable (a list, a cache) instead.")
+    count = token_count(activations)
+    settings = {"kind": kind, "expansion": expansion, "batch_size": batch_size, "lr": lr, "warmup": warmup,
+                "norm_tokens": norm_tokens, "seed": seed,
+                **({"l1": L1 if l1 is None else l1} if cls.penalised else
+                   {"k": K if k is None else k, "auxk_alpha": auxk_alpha, "k_aux": k_aux,
+                    "dead_after": dead_after or (min(DEAD_AFTER, max(1, count // 2)) if count else DEAD_AFTER)}),
+                **({"threshold_rate": threshold_rate} if cls is BatchTopK else {}),
+                "origin": Origin(model, revision, block, tokens).to_dict()}
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    checkpoint = Path(checkpoint) if checkpoint is not None else None
+
+    state = _read_checkpoint(checkpoint, settings, device) if checkpoint and checkpoint.exists() else None
+    first_epoch = None
+    if state is None:
+        head, rest = _head(_epoch(activations, 0, batch_size, seed), norm_tokens)
+        first_epoch = itertools.chain(head, rest)
+        dictionary = _initialised(cls, head, settings)
+        dictionary.normalisation.fit(torch.cat(head)[:norm_tokens])
+        dictionary.to(device)
+        position = {"epoch": 0, "batch": 0, "step": 0, "tokens": 0}
+        running = torch.zeros(4, dtype=torch.float64)   # the epoch's squared errors, spread, codes > 0, tokens
+        since_fired = torch.zeros(dictionary.n_concepts, dtype=torch.int64, device=device)
+    else:
+        dictionary = _initialised(cls, None, settings, d=state["d"]).to(device)
+        dictionary.load_state_dict(state["dictionary"])
+        position, running, since_fired = dict(state["position"]), state["running"], state["since_fired"].to(device)
+    dictionary.train()
+    optimizer = torch.optim.Adam(dictionary.parameters(), lr=lr)
+    if state is not None:
+        optimizer.load_state_dict(state["optimizer"])
+
+    steps_per_epoch = math.ceil(count / batch_size) if count else None
+    bar = tqdm(total=steps_per_epoch and steps_per_epoch * epochs, initial=position["step"], desc=f"{kind} dictionary",
+               unit="step", file=sys.stderr, disable=not progress, mininterval=1)
+    with bar:
+        for epoch in range(position["epoch"], epochs):
+            stream = first_epoch if epoch == 0 and first_epoch is not None else \
+                _epoch(activations, epoch, batch_size, seed)
+            for x in itertools.islice(stream, position["batch"], None):
+                for group in optimizer.param_groups:
+                    group["lr"] = lr * min(1.0, (position["step"] + 1) / warmup) if warmup > 0 else lr
+                running += _step(dictionary, optimizer, x.to(device), since_fired, settings, position["step"])
+                position["batch"] += 1
+                position["step"] += 1
+                position["tokens"] += len(x)
+                bar.update()
+                bar.set_postfix(epoch=epoch + 1, FVU=f"{running[0] / running[1]:.4f}",
+                                L0=f"{running[2] / running[3]:.1f}", refresh=False)
+                if checkpoint and position["step"] % checkpoint_every == 0:
+                    _write_checkpoint(checkpoint, dictionary, optimizer, settings, position, running, since_fired)
+            last_epoch = {"fvu": (running[0] / running[1]).item(), "l0": (running[2] / running[3]).item()}
+            position.update(epoch=epoch + 1, batch=0)
+            running = torch.zeros(4, dtype=torch.float64)
+            if checkpoint:
+                _write_checkpoint(checkpoint, dictionary, optimizer, settings, position, running, since_fired,
+                                  last_epoch=last_epoch)
+    if state is not None and position["epoch"] == state["position"]["epoch"]:
+        last_epoch = state["last_epoch"]   # it had already finished: nothing trained now
+    how = {key: value for key, value in settings.items() if key != "origin"}   # the origin has its own place
+    dictionary.training_record = {**how, "epochs": epochs, "steps": position["step"], "tokens": position["tokens"],
+                                  "last_epoch": last_epoch}
+    return dictionary.eval()
+
+
+def _step(dictionary: Dictionary, optimizer: torch.optim.Optimizer, x: Tensor, since_fired: Tensor, settings: dict,
+          step: int) -> Tensor:
+    """One optimisation step on the raw batch x (t d); -> its squared errors, spread (about the batch mean),
+    codes > 0 and tokens, for the progress numbers. Updates `since_fired` (tokens since each concept fired)."""
+    normalised = dictionary.normalisation(x)
+    pre = dictionary.pre_activations(normalised)
+    codes = dictionary.training_activation(pre)
+    reconstruction = dictionary.decode_normalised(codes)
+    error = normalised - reconstruction
+    loss = error.square().mean()
+    if dictionary.penalised:
+        loss = loss + settings["l1"] * codes.sum(-1).mean() / dictionary.d
+    elif settings["auxk_alpha"] and (dead := since_fired >= settings["dead_after"]).any():
+        loss = loss + settings["auxk_alpha"] * auxk(pre, error.detach(), dead, dictionary.W_dec, settings["k_aux"])
+    if not loss.isfinite():
+        where = "the activations hold NaN or infinite values" if not x.isfinite().all() else \
+            "the learning rate may be too high"
+        raise ConceptsError(f"Training diverged at step {step + 1}: the loss is {loss.item()} ({where}).")
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    firing = codes.detach() > 0
+    fired = firing.any(0)
+    # under torchrun: all-reduce (average) the gradients, OR `fired` and take the ranks' smallest kept code here
+    remove_parallel_gradient(dictionary.W_dec)
+    optimizer.step()
+    with torch.no_grad():
+        dictionary.W_dec /= dictionary.W_dec.norm(dim=-1, keepdim=True)
+        dictionary.observe(codes.detach())
+        since_fired += len(x)
+        since_fired[fired] = 0
+        spread = (normalised - normalised.mean(0)).square().sum()
+        sums = (error.square().sum(), spread, firing.sum(), x.new_tensor(len(x)))
+        return torch.stack([value.double() for value in sums]).cpu()
+
+
+def auxk(pre: Tensor, residual: Tensor, dead: Tensor, W_dec: Tensor, k_aux: int) -> Tensor:
+    """Gao et al.'s AuxK: the residual (t d) reconstructed from the k_aux largest pre-activations (t n) among
+    the `dead` concepts (n), Σ‖e - ê‖² / Σ‖e‖²."""
+    dead_pre = pre.masked_fill(~dead, -torch.inf)
+    revived = top_k_relu(dead_pre, min(k_aux, int(dead.sum())))
+    return (residual - revived @ W_dec).square().sum() / residual.square().sum().clamp_min(torch.finfo(pre.dtype).tiny)
+
+
+def remove_parallel_gradient(W_dec: torch.nn.Parameter) -> None:
+    """g_i ← g_i - (g_i · w_i) w_i for each unit row w_i: the step then turns the rows without lengthening them."""
+    if W_dec.grad is not None:
+        W_dec.grad -= (W_dec.grad * W_dec).sum(-1, keepdim=True) * W_dec.detach()
+
+
+def _initialised(cls: type[Dictionary], head: list[Tensor] | None, settings: dict, *,
+                 d: int | None = None) -> Dictionary:
+    """A dictionary of `settings` for d-wide activations (d from the first batch of `head`): random unit decoder
+    rows drawn from the seed, the encoder their transpose, zero biases."""
+    d = d if d is not None else head[0].shape[1]
+    kind_settings = {key: settings[key] for key in ("k", "threshold_rate") if key in settings}
+    dictionary = cls(d, settings["expansion"] * d, origin=Origin.from_dict(settings["origin"]), **kind_settings)
+    generator = torch.Generator().manual_seed(settings["seed"])
+    rows = torch.randn(dictionary.n_concepts, d, generator=generator)
+    with torch.no_grad():
+        dictionary.W_dec.copy_(rows / rows.norm(dim=-1, keepdim=True))
+        dictionary.W_enc.copy_(dictionary.W_dec.T)
+    return dictionary
+
+
+def _epoch(activations: Activations, epoch: int, batch_size: int, seed: int) -> Iterator[Tensor]:
+    """One pass over the activations in training order: a tensor's tokens in a permutation drawn from (seed,
+    epoch), an iterable's in its own order."""
+    count = token_count(activations)
+    if count is None:
+        return batches(activations, batch_size)
+    epoch_seed = int(np.random.SeedSequence([seed, epoch]).generate_state(1, dtype=np.uint64)[0] >> 1)
+    order = torch.randperm(count, generator=torch.Generator().manual_seed(epoch_seed))
+    return batches(activations, batch_size, order=order)
+
+
+def _head(stream: Iterator[Tensor], tokens: int) -> tuple[list[Tensor], Iterator[Tensor]]:
+    """The first batches of `stream` that hold at least `tokens` tokens (or all of them), and the rest."""
+    head, held = [], 0
+    for x in stream:
+        head.append(x)
+        held += len(x)
+        if held >= tokens:
+            break
+    return head, stream
+
+
+def _write_checkpoint(path: Path, dictionary: Dictionary, optimizer: torch.optim.Optimizer, settings: dict,
+                      position: dict, running: Tensor, since_fired: Tensor, *, last_epoch: dict | None = None) -> None:
+    """The training state, written through a temporary file renamed into place."""
+    state = {"settings": json.dumps(settings, sort_keys=True), "d": dictionary.d,
+             "dictionary": dictionary.state_dict(), "optimizer": optimizer.state_dict(), "position": dict(position),
+             "running": running, "since_fired": since_fired, "last_epoch": last_epoch}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def _read_checkpoint(path: Path, settings: dict, device: torch.device) -> dict:
+    """A checkpoint of this run (its settings equal `settings`), or a ConceptsError that says why not."""
+    try:
+        state = torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError:
+        raise ConceptsError(f"{path} is not a vitviz training checkpoint: it holds pickled objects other than "
+                            f"numbers, which are never loaded. Delete it, or choose another checkpoint path.") from None
+    except (RuntimeError, EOFError, OSError) as e:
+        raise ConceptsError(f"{path} is damaged ({(str(e).splitlines() or [type(e).__name__])[0]}): delete it to "
+                            f"train from the start.") from None
+    if not isinstance(state, dict) or "settings" not in state:
+        raise ConceptsError(f"{path} is not a vitviz training checkpoint. Delete it, or choose another path.")
+    theirs = json.loads(state["settings"])
+    differ = [key for key in sorted(set(theirs) | set(settings)) if theirs.get(key) != settings.get(key)]
+    if differ:
+        key = differ[0]
+        raise ConceptsError(f"{path} is the checkpoint of another run: its {key} is {theirs.get(key)!r}, this run's "
+                            f"is {settings.get(key)!r}. Train with its settings to resume it, or choose another "
+                            f"checkpoint path.")
+    return state
