@@ -113,6 +113,11 @@ def tabs(page) -> None:
     drawn(page, "#decide-bars-a", "#decide-bars-b", "#decide-heads-a", "#decide-heads-b")
     shoot_tab(page, "decide")
 
+    page.get_by_role("tab", name="Concepts").click()   # opening it reads the bundled pair's own dictionaries
+    page.locator("#concepts-note").get_by_text("most active").first.wait_for(timeout=SLOW)
+    drawn(page, "#concepts-a", "#concepts-b")
+    shoot_tab(page, "concepts")
+
     page.get_by_role("tab", name="Video").click()
     page.locator("#video-input input[type=file]").set_input_files(str(CLIP))
     page.locator("#video-input video").first.wait_for(timeout=30_000)

@@ -13,6 +13,13 @@ from its own repo (open_clip's files beside transformers').
 `size` is the input size a catalog name runs at when the caller names none. DINOv2 runs at 224 px,
 not its 518 px: at 518 a ViT-S/14 sees 1,370 tokens, and every attention map a trace keeps is 28x
 larger (docs/models.md, "Models without a classifier: DINO and DINOv2").
+
+`DICTIONARIES` are published concept dictionaries (sparse autoencoders) of models vitviz loads, each bound to its
+model, block and tokens, so `vitviz.concepts.load(name)` knows what it applies to even where its file does not
+say: saev's (Stevens et al. 2025) ReLU dictionaries of 24,576 concepts of OpenAI's CLIP ViT-B/16 and DINOv2
+ViT-B/14, and ViT-Prisma's (Joseph et al. 2025) of 49,152 concepts of the last block of LAION's DataComp CLIP
+ViT-B/32 (a model the catalog does not list: it is bound to its Hub repo, which `vitviz.load` takes).
+`BUNDLED_DICTIONARIES` are vitviz's own, trained on CIFAR-10 for the bundled models, shipped in checkpoints/concepts/.
 """
 from __future__ import annotations
 
@@ -130,6 +137,67 @@ PAIRS = {
     "ViT-B vs ResNet-50 (a CNN)": ("vit-base", "resnet-50"),         # Raghu et al.: do ViTs see like CNNs?
     "Swin-T vs ConvNeXt-T (a CNN)": ("swin-tiny", "convnext-tiny"),  # Liu et al.: a ConvNet for the 2020s
 }
+
+
+@dataclass(frozen=True)
+class DictionaryEntry:
+    """A published concept dictionary vitviz knows by a short name: the Hub repo (and the folder or file inside it)
+    that holds it, the model it was trained on (a catalog name, or a Hub repo the catalog does not list), the block
+    whose output tokens it read (an index into the trace's blocks, from 0), which tokens, and a line for menus."""
+    name: str
+    repo: str
+    path_in_repo: str | None   # the dictionary's folder or weights file inside the repo; None: its files at the top
+    model: str
+    block: int
+    tokens: str               # 'patch', 'cls' or 'patch+cls', as `concepts.Origin` names them
+    summary: str
+
+
+DICTIONARIES: dict[str, DictionaryEntry] = {e.name: e for e in [
+    # saev's files name neither model nor layer: both are from its documentation (the layer-10 example of its
+    # inference guide, `RecordedTransformer(vit, 196, True, [10])`, the class token kept)
+    DictionaryEntry("saev-clip-b16", "osunlp/SAE_CLIP_24K_ViT-B-16", None, "clip-b16", 10, "patch+cls",
+                    "saev's ReLU dictionary of CLIP ViT-B/16 (OpenAI), block 10, 24,576 concepts, ImageNet-1k"),
+    DictionaryEntry("saev-dinov2-b14", "osunlp/SAE_DINOv2_24K_ViT-B-14", None, "dinov2-b14", 10, "patch+cls",
+                    "saev's ReLU dictionary of DINOv2 ViT-B/14, block 10, 24,576 concepts, ImageNet-1k"),
+    # ViT-Prisma's CLIP checkpoints are `n_images_2600058.pt` (its loaders' default), beside config.json
+    DictionaryEntry("prisma-clip-b32-block11",
+                    "Prisma-Multimodal/sparse-autoencoder-clip-b-32-sae-vanilla-x64-layer-11-hook_resid_post-l1-1e-05",
+                    "n_images_2600058.pt", "laion/CLIP-ViT-B-32-DataComp.XL-s13B-b90K", 11, "patch+cls",
+                    "ViT-Prisma's ReLU dictionary of CLIP ViT-B/32 (LAION DataComp.XL), block 11 resid_post, "
+                    "49,152 concepts"),
+]}
+
+
+@dataclass(frozen=True)
+class BundledDictionary:
+    """A concept dictionary vitviz ships (checkpoints/concepts/<name>/, made by checkpoints/concepts/train.sh):
+    the models it reads (one, or several for a dictionary across models) and a line for menus."""
+    name: str
+    models: tuple[str, ...]
+    summary: str
+
+    @property
+    def path(self) -> Path:
+        return CHECKPOINTS / "concepts" / self.name
+
+
+BUNDLED_DICTIONARIES: dict[str, BundledDictionary] = {e.name: e for e in [
+    BundledDictionary("vit-cifar10-last", ("vit-cifar10",), "vit-cifar10's last block, 768 concepts (TopK, k 16)"),
+    BundledDictionary("vit-cifar10-middle", ("vit-cifar10",), "vit-cifar10's block 3 of 7, 768 concepts (TopK, k 16)"),
+    BundledDictionary("cvt-cifar10-last", ("cvt-cifar10",), "cvt-cifar10's last block, 768 concepts (TopK, k 16)"),
+    BundledDictionary("swin-cifar10-last", ("swin-cifar10",), "swin-cifar10's last block, 768 concepts (TopK, k 16)"),
+    BundledDictionary("resnet-cifar10-last", ("resnet-cifar10",),
+                      "resnet-cifar10's last block, 512 concepts (TopK, k 16)"),
+    BundledDictionary("across-cifar10", ("vit-cifar10", "cvt-cifar10", "swin-cifar10", "resnet-cifar10"),
+                      "one dictionary across the four CIFAR-10 models' last blocks, 768 shared concepts on their "
+                      "common 4 x 4 cells"),
+]}
+
+
+def model_name(source: str) -> str:
+    """The catalog's short name for a model's Hub repo, or `source` itself where the catalog has none."""
+    return next((e.name for e in CATALOG.values() if e.source == source and not e.bundled), source)
 
 
 def bundled() -> list[CatalogEntry]:

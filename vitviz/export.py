@@ -40,6 +40,7 @@ MANIFEST = "manifest.json"
 FORMATS = ("png", "npy")   # what is written per map: the drawn overlay (and every other view), the array
 PREDICTIONS = "predictions.json"
 DECIDE = "decide.json"                           # direct logit attribution of the top class, layer by layer and head
+CONCEPTS = "concepts.npy"                         # cells n: a dictionary's codes of the photo (`--concepts`)
 TOKEN_EFFECTS = "decide-token-effects.npy"       # L H gh gw: each head's token effects on its query grid
 
 
@@ -102,11 +103,14 @@ def npy_bytes(array: np.ndarray) -> bytes:
 
 
 def image_files(run: ModelRun, methods: Sequence[str], *, formats: Sequence[str] = FORMATS, faithfulness_steps: int = 0,
-                decide: bool = False, decided: Decided | None = None, **params) -> tuple[dict[str, bytes], dict]:
+                decide: bool = False, decided: Decided | None = None, concepts=None,
+                **params) -> tuple[dict[str, bytes], dict]:
     """Every file for one image + model, as bytes, and that model's entry for the manifest; without 'png'
     in `formats` nothing is drawn (no overlays, grids or stage views), without 'npy' no arrays; `decide`:
     the direct logit attribution of the top class too (a model without a classifier has none), `decided`
-    if computed elsewhere (the app's runs hold no weights), else computed here."""
+    if computed elsewhere (the app's runs hold no weights), else computed here. `concepts`: a
+    `concepts.photo.Reader` for this model, whose codes of the photo go to concepts.npy (cells n, always:
+    they are the reading itself) and its most active concepts to the manifest."""
     for method in methods:
         find_method(method)   # a ValueError naming the methods there are
     if set(formats) - set(FORMATS) or not formats:
@@ -137,6 +141,8 @@ def image_files(run: ModelRun, methods: Sequence[str], *, formats: Sequence[str]
             entry["faithfulness"][method] = {k: round(v["auc"], 6) for k, v in curves.items() if isinstance(v, dict)}
     if decide:
         entry["decide"] = decide_files(run, files, formats=formats, decided=decided)
+    if concepts is not None:
+        entry["concepts"] = concept_files(concepts.read(run), files, source=concepts.source)
     if "png" in formats:
         for k, view in enumerate(grid_views(run)):
             files[f"grid-{k + 1}.png"] = png_bytes(view)
@@ -146,6 +152,15 @@ def image_files(run: ModelRun, methods: Sequence[str], *, formats: Sequence[str]
             files[f"stage-{k + 1}-norm.png"] = png_bytes(views[2 * k + 1])
     entry["files"] = sorted(files)
     return files, entry
+
+
+def concept_files(reading, files: dict[str, bytes], *, source: str) -> dict:
+    """A photo's concepts (`concepts.photo.PhotoConcepts`) into `files` (concepts.npy); their manifest entry."""
+    files[CONCEPTS] = npy_bytes(reading.codes)
+    return {"dictionary": source, "block": reading.block, "grid": list(reading.grid), "file": CONCEPTS,
+            "concepts": int(reading.codes.shape[1]),
+            "top": [{"concept": int(c), "activation": round(float(a), 6), "fires_on": round(float(f), 6)}
+                    for c, a, f in zip(reading.top, reading.activation, reading.frequency)]}
 
 
 @dataclass(frozen=True)
@@ -182,13 +197,14 @@ def decide_files(run: ModelRun, files: dict[str, bytes], *, formats: Sequence[st
 
 def export_image(out: Path, image_id: str, path: Path, image, runs: list, methods: list[str], *, formats: list[str],
                  faithfulness_steps: int, params: dict, decide: bool = False,
-                 decided: Sequence[Decided | None] | None = None) -> dict:
+                 decided: Sequence[Decided | None] | None = None, concepts: Sequence | None = None) -> dict:
     """One image's files for every model, written to OUT/<image>/<model>/; its manifest entry (the CLI's
-    output folder, and the folder the app zips). `decided`: each run's attribution if computed elsewhere."""
+    output folder, and the folder the app zips). `decided`: each run's attribution if computed elsewhere;
+    `concepts`: each run's `concepts.photo.Reader` or None."""
     entry = {"id": image_id, "path": str(path), "size": [image.height, image.width], "models": []}
-    for run, reading in zip(runs, decided or [None] * len(runs)):
+    for run, reading, reader in zip(runs, decided or [None] * len(runs), concepts or [None] * len(runs)):
         files, model_entry = image_files(run, methods, formats=formats, faithfulness_steps=faithfulness_steps,
-                                         decide=decide, decided=reading, **params)
+                                         decide=decide, decided=reading, concepts=reader, **params)
         folder = out / image_id / safe_name(run.name)
         for name, data in files.items():
             write_atomic(folder / name, data)

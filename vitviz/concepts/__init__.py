@@ -1,24 +1,35 @@
 """Concepts: sparse dictionaries (sparse autoencoders) of a layer's activations, for every family vitviz loads.
 
     from vitviz import concepts
-    dictionary = concepts.train(activations, kind="topk", k=32, expansion=8, model="vit-cifar10", block=-1,
+    dictionary = concepts.train(activations, kind="topk", k=32, expansion=8, model="vit-cifar10", block=6,
                                 tokens="patch", checkpoint="runs/vit.ckpt")
     concepts.save(dictionary, "dictionaries/vit-cifar10")
-    dictionary = concepts.load("dictionaries/vit-cifar10")
+    dictionary = concepts.load("dictionaries/vit-cifar10")   # or a catalog name, or a Hub id (SAELens, saev, Prisma)
     codes = dictionary.encode(tokens)          # raw activations (..., d) -> non-negative codes (..., n)
     tokens_back = dictionary.decode(codes)     # codes -> raw activation space
     concepts.metrics(dictionary, held_out)     # FVU, L0, dead and dense shares
 
 A sparse autoencoder splits each token's activation vector into a few of n learned directions, its
 concepts (Bricken et al. 2023; Gao et al. 2024), so that what a layer represents can be read one
-concept at a time. The kinds: `standard` (ReLU + L1, SAELens's name), `topk` (Gao et al. 2024) and
-`batchtopk` (Bussmann et al. 2024), one module each over `dictionary.py`'s base, whose docstring has
-the formulas and the normalisation every file carries. `train.py` trains (AuxK for dead concepts,
-unit-norm decoder rows, checkpoints that resume exactly), `metrics.py` measures, `own.py` is vitviz's
-file and `source.py` loads a file or folder through the reader of its layout.
+concept at a time. The modules, in the order the work flows:
+
+- the kinds: `standard` (ReLU + L1, SAELens's name), `topk` (Gao et al. 2024), `batchtopk` (Bussmann et al.
+  2024) and `jumprelu` (read from published files), one module each over `dictionary.py`'s base, whose
+  docstring has the formulas and the normalisation every file carries;
+- `activations.py`: which tokens of which block a dictionary reads, from the trace of any family, and the
+  on-disk cache of them; `align.py`: two or more models' grids resampled onto the cells they share;
+- `train.py` (AuxK, unit-norm decoder rows, checkpoints that resume exactly, data-parallel under torchrun
+  through `parallel.py`) and `across.py` (one dictionary across models, Thasarathan et al. 2025);
+- `metrics.py`, `splice.py` (spliced-in agreement and KL, removing a concept), `match.py` (pairing two
+  dictionaries' concepts), `exemplars.py` (each concept's top images) and `photo.py` (one photo's concepts);
+- `build.py`: what `python -m vitviz concepts train / exemplars / evaluate` do;
+- files: `own.py` (vitviz's), `saelens.py`, `saev.py`, `prisma.py` (published layouts), `published.py` (the
+  Hub) and `source.py` (`load`, through the reader of each layout).
 """
+from .across import Across
 from .batchtopk import BatchTopK
 from .dictionary import ConceptsError, Dictionary, Normalisation, Origin
+from .jumprelu import JumpReLU
 from .kinds import KINDS
 from .metrics import Metrics, metrics
 from .own import save
@@ -27,5 +38,5 @@ from .standard import Standard
 from .topk import TopK
 from .train import train
 
-__all__ = ["KINDS", "BatchTopK", "ConceptsError", "Dictionary", "Metrics", "Normalisation", "Origin", "Standard",
-           "TopK", "load", "metrics", "save", "train"]
+__all__ = ["KINDS", "Across", "BatchTopK", "ConceptsError", "Dictionary", "JumpReLU", "Metrics", "Normalisation",
+           "Origin", "Standard", "TopK", "load", "metrics", "save", "train"]

@@ -18,12 +18,19 @@ with θ estimated during training as SAELens does: after each batch, θ moves a 
 the way towards the smallest code the batch kept, θ ← θ + rate (min_kept − θ) (the first batch sets
 it). Bussmann et al. average the same minimum over batches; Overcomplete keeps a moving average of the
 k·t-th value. A saved BatchTopK is SAELens's JumpReLU with every concept's threshold θ.
+
+Under torchrun each rank holds a share of the batch (`parallel.py`). The codes keep the entries at or above
+the cut c, the k·t-th largest pre-activation of the whole batch, found among the ranks' gathered top k·t:
+Z = ReLU(PRE) · 1[PRE >= c], the same entries one process keeps (pre-activations bitwise equal at the cut
+are all kept, where one process keeps as many of them as fill k·t). The smallest kept code is taken over
+the ranks, so θ moves the same everywhere.
 """
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
+from . import parallel
 from .dictionary import UNKNOWN, ConceptsError, Origin
 from .topk import TopK, top_k_relu
 
@@ -52,15 +59,20 @@ class BatchTopK(TopK):
         return pre * (pre > self.threshold.to(pre.dtype))
 
     def training_activation(self, pre: Tensor) -> Tensor:
-        kept = min(self.k * len(pre), pre.numel())
-        return top_k_relu(pre.flatten(), kept).view_as(pre)
+        if not parallel.active():
+            kept = min(self.k * len(pre), pre.numel())
+            return top_k_relu(pre.flatten(), kept).view_as(pre)
+        tokens = int(parallel.total(torch.tensor(len(pre), device=pre.device)))
+        cut = parallel.kth_largest(pre.detach().flatten(), self.k * tokens)
+        return torch.relu(pre) * (pre >= cut)
 
     @torch.no_grad()
     def observe(self, codes: Tensor) -> None:
         kept = codes[codes > 0]
-        if kept.numel() == 0:
+        own = kept.min().double() if kept.numel() else codes.new_tensor(torch.inf, dtype=torch.float64)
+        smallest = parallel.smallest(own)   # over the ranks' shares of the batch
+        if smallest.isinf():   # nothing kept anywhere
             return
-        smallest = kept.min().double()
         if self.threshold.item() == UNSET:
             self.threshold.copy_(smallest)
         else:

@@ -179,6 +179,18 @@ class Dictionary(nn.Module):
         """The reconstruction x̂ of raw activations x (..., d)."""
         return self.decode(self.encode(x))
 
+    def check_applies(self, *, model: str, block: int, width: int, names: tuple[str, ...] = ()) -> None:
+        """Refuses a model, block (an index into the trace's blocks, counted from 0) or width other than the ones
+        it was trained on, in words that say which those were. `names` are other names of the model (its Hub
+        repo for a catalog name); an origin that does not record the model or block accepts any."""
+        if self.origin.model is not None and self.origin.model not in (model, *names):
+            raise ConceptsError(f"This dictionary was trained on {self.origin.describe()}, not on {model}: pick "
+                                f"{self.origin.model} to use it, or a dictionary trained on {model}.")
+        if self.origin.block is not None and self.origin.block != block:
+            raise ConceptsError(f"This dictionary was trained on {self.origin.describe()}, not on block {block}: "
+                                f"read block {self.origin.block} to use it.")
+        self.check_width(width)
+
     def check_width(self, width: int) -> None:
         """Refuses activations of another width, in words that say which it was trained on."""
         if width != self.d:

@@ -39,6 +39,12 @@ def matches(path: Path) -> bool:
     return path.is_dir() and (path / FILE).is_file() or path.is_file() and path.suffix == ".safetensors"
 
 
+def fetch(get, *, weights: str | None = None) -> Path | None:
+    """This layout's file from a Hub repo (`get(name, optional=)` downloads one): `weights` or concepts.safetensors,
+    or None where the repo has neither."""
+    return get(weights or FILE, optional=True)
+
+
 def save(dictionary: Dictionary, path: str | Path) -> Path:
     """`dictionary` written to `path` (a .safetensors file, or a folder to hold concepts.safetensors) in
     vitviz's layout, atomically; -> the file written. Refused, with nothing written, if a weight is NaN or
@@ -70,9 +76,11 @@ def read(path: Path) -> Dictionary:
                             f"SHA-256 differs from the one in its header).")
     refuse_non_finite(tensors, str(path))
     try:
-        cls = kind_named(header["kind"])
+        cls = kind_named(header["kind"], reading=True)
         dictionary = cls(int(header["d"]), int(header["n_concepts"]), origin=Origin.from_dict(header["origin"]),
                          **header["settings"])
+        if tensors["W_enc"].dtype == torch.float64:   # a dictionary read from another tool's float64 file
+            dictionary.double()
         dictionary.load_state_dict(tensors)
     except ConceptsError as e:
         raise ConceptsError(f"{path}: {e}") from None

@@ -41,13 +41,18 @@ batches already trained on, and ends with the same dictionary as a run never int
 `epochs` extends a finished run. The checkpoint is read with `torch.load(weights_only=True)`: numbers
 only, never pickled code.
 
-Data-parallel training (torchrun) is not here yet; the step is written so it can be, each rank taking
-its share of every batch of the same stream (so the normalisation, read from the same first tokens, is
-the same everywhere): the gradients are summed over the ranks at the point marked in `_step`, each
-concept's "fired" flag OR'ed and BatchTopK's smallest kept value taken over the ranks. To equal one
-process, the batch means become sums over the whole batch's count, AuxK's denominator Σ‖e‖² is
-summed before the division, and BatchTopK's cut (the k·t-th largest code of the whole batch) comes
-from the ranks' gathered top k·t values.
+Data-parallel (torchrun). In a process group of W ranks (as `vitviz.distributed.ranks` opens one) every
+rank reads the same activations in the same order, so the normalisation, estimated from the same first
+tokens, is the same everywhere, and trains on its share of each batch of t tokens, rows [⌊r t / W⌋,
+⌊(r + 1) t / W⌋) (`parallel.py`: the reductions, and why they make the step one process's). The loss's
+means are sums over the share divided by the whole batch's count (t·d entries, t tokens), so the ranks'
+gradients, summed before the decoder's parallel part is removed, are the whole batch's; AuxK's
+denominator Σ‖e‖² is the whole batch's, summed over the ranks before the division; a concept fired if it
+fired on any rank; BatchTopK's cut and smallest kept code are the whole batch's (`batchtopk.py`); the
+progress numbers are the whole batch's. Every rank ends with the same dictionary, one process's but for
+the order of the sums (within 1e-5 after dozens of steps). Only rank 0 shows the progress and writes the
+checkpoint; every rank resumes from it, so its path must be one they all read (ranks that would resume
+from different steps, or whose activations differ, are refused).
 """
 from __future__ import annotations
 
@@ -65,6 +70,7 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
+from . import parallel
 from .batches import Activations, batches, is_one_pass, token_count
 from .batchtopk import THRESHOLD_RATE, BatchTopK
 from .dictionary import ConceptsError, Dictionary, Origin
@@ -91,7 +97,9 @@ def train(activations: Activations, *, kind: str = "topk", k: int | None = None,
     `kind`: 'standard' (ReLU + `l1`, default 1.0), 'topk' or 'batchtopk' (`k` concepts per token, default
     32). `model`, `revision`, `block` and `tokens` say what the activations are; the dictionary and its file
     keep them. A progress bar (stderr, unless `progress=False`) shows the epoch's running FVU and L0. The
-    module docstring has the loss, AuxK, the decoder's constraint and how `checkpoint` resumes.
+    module docstring has the loss, AuxK, the decoder's constraint, how `checkpoint` resumes and how ranks of a
+    process group (torchrun's) share each batch: then every rank is given the same activations, and returns the
+    same dictionary.
     Raises `ConceptsError` for settings or activations that can't be trained on, said in words.
     """
     cls = kind_named(kind)
@@ -134,14 +142,17 @@ def train(activations: Activations, *, kind: str = "topk", k: int | None = None,
         dictionary = _initialised(cls, None, settings, d=state["d"]).to(device)
         dictionary.load_state_dict(state["dictionary"])
         position, running, since_fired = dict(state["position"]), state["running"], state["since_fired"].to(device)
+    if parallel.active():
+        _check_ranks_agree(dictionary, position["step"])
     dictionary.train()
     optimizer = torch.optim.Adam(dictionary.parameters(), lr=lr)
     if state is not None:
         optimizer.load_state_dict(state["optimizer"])
 
+    leader = parallel.rank() == 0
     steps_per_epoch = math.ceil(count / batch_size) if count else None
     bar = tqdm(total=steps_per_epoch and steps_per_epoch * epochs, initial=position["step"], desc=f"{kind} dictionary",
-               unit="step", file=sys.stderr, disable=not progress, mininterval=1)
+               unit="step", file=sys.stderr, disable=not (progress and leader), mininterval=1)
     with bar:
         for epoch in range(position["epoch"], epochs):
             stream = first_epoch if epoch == 0 and first_epoch is not None else \
@@ -149,19 +160,20 @@ def train(activations: Activations, *, kind: str = "topk", k: int | None = None,
             for x in itertools.islice(stream, position["batch"], None):
                 for group in optimizer.param_groups:
                     group["lr"] = lr * min(1.0, (position["step"] + 1) / warmup) if warmup > 0 else lr
-                running += _step(dictionary, optimizer, x.to(device), since_fired, settings, position["step"])
+                running += _step(dictionary, optimizer, parallel.share(x).to(device), since_fired, settings,
+                                 position["step"], tokens=len(x))
                 position["batch"] += 1
                 position["step"] += 1
                 position["tokens"] += len(x)
                 bar.update()
                 bar.set_postfix(epoch=epoch + 1, FVU=f"{running[0] / running[1]:.4f}",
                                 L0=f"{running[2] / running[3]:.1f}", refresh=False)
-                if checkpoint and position["step"] % checkpoint_every == 0:
+                if checkpoint and leader and position["step"] % checkpoint_every == 0:
                     _write_checkpoint(checkpoint, dictionary, optimizer, settings, position, running, since_fired)
             last_epoch = {"fvu": (running[0] / running[1]).item(), "l0": (running[2] / running[3]).item()}
             position.update(epoch=epoch + 1, batch=0)
             running = torch.zeros(4, dtype=torch.float64)
-            if checkpoint:
+            if checkpoint and leader:
                 _write_checkpoint(checkpoint, dictionary, optimizer, settings, position, running, since_fired,
                                   last_epoch=last_epoch)
     if state is not None and position["epoch"] == state["position"]["epoch"]:
@@ -173,52 +185,78 @@ def train(activations: Activations, *, kind: str = "topk", k: int | None = None,
 
 
 def _step(dictionary: Dictionary, optimizer: torch.optim.Optimizer, x: Tensor, since_fired: Tensor, settings: dict,
-          step: int) -> Tensor:
-    """One optimisation step on the raw batch x (t d); -> its squared errors, spread (about the batch mean),
-    codes > 0 and tokens, for the progress numbers. Updates `since_fired` (tokens since each concept fired)."""
+          step: int, *, tokens: int) -> Tensor:
+    """One optimisation step on x (t d), this rank's share of a raw batch of `tokens` tokens (all of it in one
+    process); -> the whole batch's squared errors, spread (about its mean), codes > 0 and tokens, for the
+    progress numbers. Updates `since_fired` (tokens since each concept fired)."""
     normalised = dictionary.normalisation(x)
     pre = dictionary.pre_activations(normalised)
     codes = dictionary.training_activation(pre)
     reconstruction = dictionary.decode_normalised(codes)
     error = normalised - reconstruction
-    loss = error.square().mean()
+    squared_error = error.square().sum()
+    with torch.no_grad():   # the whole batch's sums: AuxK's denominator, the fired concepts, the progress numbers
+        exact = normalised.double()
+        sums = parallel.total(torch.cat([squared_error.double()[None], exact.square().sum()[None], exact.sum(0),
+                                         (codes > 0).sum(0).double()]))
+    whole_squared_error, squares = sums[0], sums[1]
+    moments, fired = sums[2:2 + dictionary.d], sums[2 + dictionary.d:]   # fired: tokens each concept fired on
+    loss = squared_error / (tokens * dictionary.d)
     if dictionary.penalised:
-        loss = loss + settings["l1"] * codes.sum(-1).mean() / dictionary.d
+        loss = loss + settings["l1"] * codes.sum() / (tokens * dictionary.d)
     elif settings["auxk_alpha"] and (dead := since_fired >= settings["dead_after"]).any():
-        loss = loss + settings["auxk_alpha"] * auxk(pre, error.detach(), dead, dictionary.W_dec, settings["k_aux"])
-    if not loss.isfinite():
-        where = "the activations hold NaN or infinite values" if not x.isfinite().all() else \
-            "the learning rate may be too high"
-        raise ConceptsError(f"Training diverged at step {step + 1}: the loss is {loss.item()} ({where}).")
+        loss = loss + settings["auxk_alpha"] * auxk(pre, error.detach(), dead, dictionary.W_dec, settings["k_aux"],
+                                                    residual_total=whole_squared_error)
+    whole_loss = parallel.total(loss.detach())
+    if not whole_loss.isfinite():
+        not_finite = parallel.total((~x.isfinite()).sum())
+        where = "the activations hold NaN or infinite values" if not_finite else "the learning rate may be too high"
+        raise ConceptsError(f"Training diverged at step {step + 1}: the loss is {whole_loss.item()} ({where}).")
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
-    firing = codes.detach() > 0
-    fired = firing.any(0)
-    # under torchrun: all-reduce (average) the gradients, OR `fired` and take the ranks' smallest kept code here
+    parallel.sum_gradients(dictionary.parameters())   # each rank's share of the loss: summed, the whole batch's
     remove_parallel_gradient(dictionary.W_dec)
     optimizer.step()
     with torch.no_grad():
         dictionary.W_dec /= dictionary.W_dec.norm(dim=-1, keepdim=True)
         dictionary.observe(codes.detach())
-        since_fired += len(x)
-        since_fired[fired] = 0
-        spread = (normalised - normalised.mean(0)).square().sum()
-        sums = (error.square().sum(), spread, firing.sum(), x.new_tensor(len(x)))
-        return torch.stack([value.double() for value in sums]).cpu()
+        since_fired += tokens
+        since_fired[fired > 0] = 0
+        spread = squares - moments.square().sum() / tokens   # Σ‖x̃ - x̄‖² = Σ‖x̃‖² - ‖Σ x̃‖² / t
+        return torch.stack([whole_squared_error, spread, fired.sum(), sums.new_tensor(tokens)]).cpu()
 
 
-def auxk(pre: Tensor, residual: Tensor, dead: Tensor, W_dec: Tensor, k_aux: int) -> Tensor:
+def auxk(pre: Tensor, residual: Tensor, dead: Tensor, W_dec: Tensor, k_aux: int, *,
+         residual_total: Tensor | None = None) -> Tensor:
     """Gao et al.'s AuxK: the residual (t d) reconstructed from the k_aux largest pre-activations (t n) among
-    the `dead` concepts (n), Σ‖e - ê‖² / Σ‖e‖²."""
+    the `dead` concepts (n), Σ‖e - ê‖² / Σ‖e‖². `residual_total` is the denominator Σ‖e‖² when the batch is
+    more than these tokens (under torchrun: the whole batch's, summed over the ranks); default this residual's."""
     dead_pre = pre.masked_fill(~dead, -torch.inf)
     revived = top_k_relu(dead_pre, min(k_aux, int(dead.sum())))
-    return (residual - revived @ W_dec).square().sum() / residual.square().sum().clamp_min(torch.finfo(pre.dtype).tiny)
+    total = residual.square().sum() if residual_total is None else residual_total.to(pre.dtype)
+    return (residual - revived @ W_dec).square().sum() / total.clamp_min(torch.finfo(pre.dtype).tiny)
 
 
 def remove_parallel_gradient(W_dec: torch.nn.Parameter) -> None:
     """g_i ← g_i - (g_i · w_i) w_i for each unit row w_i: the step then turns the rows without lengthening them."""
     if W_dec.grad is not None:
         W_dec.grad -= (W_dec.grad * W_dec).sum(-1, keepdim=True) * W_dec.detach()
+
+
+def _check_ranks_agree(dictionary: Dictionary, step: int) -> None:
+    """Under torchrun: a ConceptsError on every rank unless all of them start at the same step (read the same
+    checkpoint, or none) with the same normalisation (read the same activations)."""
+    normalisation = dictionary.normalisation
+    start = torch.tensor([step], dtype=torch.float64, device=normalisation.scale.device)
+    low, high = parallel.extremes(torch.cat([start, normalisation.offset.double(), normalisation.scale.double()[None]]))
+    if low[0] != high[0]:
+        raise ConceptsError(f"The ranks would start at different steps ({int(low[0])} to {int(high[0])}): they found "
+                            f"different checkpoints, or some found none. Under torchrun every rank reads the one "
+                            f"checkpoint rank 0 writes: give a path on a disk all of them share.")
+    if not torch.allclose(low[1:], high[1:], rtol=1e-6, atol=1e-6 * normalisation.scale.item()):
+        raise ConceptsError("The ranks' activations differ: their first tokens give different normalisations. Under "
+                            "torchrun every rank reads all the activations and trains on its share of each batch: "
+                            "give each rank the same activations, not a shard of its own.")
 
 
 def _initialised(cls: type[Dictionary], head: list[Tensor] | None, settings: dict, *,

@@ -29,7 +29,8 @@ def _through(axis: Axis, window: Window) -> Axis:
     return a * window.stride, a * ((window.kernel - 1) / 2 - window.padding) + c
 
 
-def _stage_axis(trace: Trace, stage: int) -> Axis:
+def stage_axis(trace: Trace, stage: int) -> Axis:
+    """(a, c): the centre of token i of `stage`'s grid, along either axis, is a * i + c input pixels."""
     axis = (1.0, 0.5)
     for embedding in trace.embeddings[:stage + 1]:
         axis = _through(axis, embedding.window)
@@ -46,7 +47,7 @@ def _centres(axis: Axis, grid: tuple[int, int], like: Tensor) -> Tensor:
 def token_centres(trace: Trace, layer: int) -> tuple[Tensor, Tensor]:
     """((qh qw) 2 query centres, (kh kw) 2 key centres): block `layer`'s grid tokens in input pixels (y, x)."""
     block = trace.blocks[layer]
-    axis = _stage_axis(trace, block.stage)
+    axis = stage_axis(trace, block.stage)
     return (_centres(axis, block.query_grid, block.tokens),
             _centres(_through(axis, block.key_window), block.key_grid, block.tokens))
 

@@ -125,12 +125,13 @@ class FolderFiles(Files):
 
 
 class HubFiles(Files):
-    """A Hub repo's files at one commit, through huggingface_hub's cache: the commit asked for once, then
-    the cache alone when the Hub cannot be reached; a damaged download is removed so a retry fetches it."""
-    def __init__(self, name: str, repo_id: str, revision: str, progress: ProgressFn | None):
+    """A Hub repo's files at one commit, through huggingface_hub's cache: the commit asked for once (with the
+    metadata of `probe`, a file the repo must have), then the cache alone when the Hub cannot be reached; a
+    damaged download is removed so a retry fetches it."""
+    def __init__(self, name: str, repo_id: str, revision: str, progress: ProgressFn | None, *, probe: str = CONFIG):
         self.name, self.repo_id, self.revision = name, repo_id, revision
-        self.progress = progress
-        self.commit, self.offline_reason = resolve_commit(self.repo_id, self.revision, self.name)
+        self.progress, self.probe = progress, probe
+        self.commit, self.offline_reason = resolve_commit(self.repo_id, self.revision, self.name, probe=probe)
         self.folder = None   # the snapshot folder, known once config.json is here
 
     def get(self, filename: str, *, optional: bool = False) -> Path | None:
@@ -146,14 +147,14 @@ class HubFiles(Files):
             path = self._download(filename, optional)
             if path is None:
                 return None
-        if filename in (CONFIG, OPEN_CLIP_CONFIG):
+        if filename in (CONFIG, OPEN_CLIP_CONFIG, self.probe):
             self.folder = path.parent
         return path
 
     def _download(self, filename: str, optional: bool) -> Path | None:
-        # the configs by the revision's name, so the cache learns where it points (for offline use);
+        # the configs (and the probe) by the revision's name, so the cache learns where it points (for offline use);
         # the rest by commit, so one load's files always belong together
-        revision = self.revision if filename in (CONFIG, OPEN_CLIP_CONFIG) else self.commit
+        revision = self.revision if filename in (CONFIG, OPEN_CLIP_CONFIG, self.probe) else self.commit
         fresh = not isinstance(try_to_load_from_cache(self.repo_id, filename, revision=self.commit), str)
         bar = _progress_bar(self.progress, f"Downloading {filename} of {self.name}") if self.progress else None
         try:
@@ -186,16 +187,17 @@ class HubFiles(Files):
         return Source("hub", self.repo_id, layout, weights, self.revision, commit)
 
 
-def resolve_commit(repo_id: str, revision: str, name: str) -> tuple[str | None, str | None]:
-    """(commit, None) from one metadata request within HUB_TIMEOUT, or (None, why) if the Hub can't be reached.
+def resolve_commit(repo_id: str, revision: str, name: str, *, probe: str = CONFIG) -> tuple[str | None, str | None]:
+    """(commit, None) from one metadata request (for `probe`) within HUB_TIMEOUT, or (None, why) if the Hub can't
+    be reached.
 
-    A missing repo, revision or config.json is a LoadError right away.
+    A missing repo, revision or probe file is a LoadError right away.
     """
     if is_offline_mode():
         return None, "offline mode: HF_HUB_OFFLINE is set"
-    if COMMIT.fullmatch(revision) and isinstance(try_to_load_from_cache(repo_id, CONFIG, revision=revision), str):
+    if COMMIT.fullmatch(revision) and isinstance(try_to_load_from_cache(repo_id, probe, revision=revision), str):
         return revision, None   # a commit's files never change: nothing to ask
-    url = hf_hub_url(repo_id, CONFIG, revision=revision)
+    url = hf_hub_url(repo_id, probe, revision=revision)
     try:
         metadata = _within(HUB_TIMEOUT, get_hf_file_metadata, url, timeout=HUB_TIMEOUT)
     except RepositoryNotFoundError:
@@ -203,7 +205,8 @@ def resolve_commit(repo_id: str, revision: str, name: str) -> tuple[str | None, 
     except RevisionNotFoundError:
         raise LoadError(f"{name!r}: the Hub repo {repo_id} has no revision {revision!r}.") from None
     except EntryNotFoundError:
-        raise LoadError(f"{name!r} has no {CONFIG}, so it is not a timm or transformers image model.") from None
+        raise LoadError(f"{name!r} has no {probe}"
+                        + (", so it is not a timm or transformers image model." if probe == CONFIG else ".")) from None
     except HfHubHTTPError as e:
         status = e.response.status_code if e.response is not None else None
         if status is not None and status < 500 and status != 429:

@@ -20,6 +20,7 @@ from . import (
     attention,
     classes,
     compare as compare_tab,  # build() names its comparison line `compare`
+    concepts,
     decide,
     download,
     features,
@@ -194,6 +195,7 @@ def build(vit: str, cvt: str, notice: str = "") -> gr.Blocks:
             anatomy.layout(page)
             compare_parts = compare_tab.layout(page)
             decide_parts = decide.layout(page)
+            concepts_parts = concepts.layout(page)
             video_parts = video.layout(page, prompts)
             download.layout(page)
 
@@ -203,7 +205,7 @@ def build(vit: str, cvt: str, notice: str = "") -> gr.Blocks:
         def explained(event, public: bool = False) -> None:
             """What follows an Explain: each tab draws what it shows without a click, so it is ready when opened
             (the first Explain event documents the endpoints; the pairs' copies stay unlisted)."""
-            for tab in (token_parts, attention_parts, class_parts, compare_parts, decide_parts):
+            for tab in (token_parts, attention_parts, class_parts, compare_parts, decide_parts, concepts_parts):
                 tab.explained(event, public)
 
         explained(run.click(as_files(explain), inputs=[image, model_a, model_b, prompts], outputs=answer,
@@ -223,7 +225,8 @@ def build(vit: str, cvt: str, notice: str = "") -> gr.Blocks:
                            api_name="render_maps" if i == 0 else f"render_maps_{i}", **INSTANT,
                            **({} if i == 0 else HIDDEN))
         image.select(attention.pick_point, inputs=None, outputs=[point], api_name="pick_point", **INSTANT).then(
-            *attention_parts.on_point, **INSTANT, **HIDDEN).then(*token_parts.on_point, **INSTANT, **HIDDEN)
+            *attention_parts.on_point, **INSTANT, **HIDDEN).then(*token_parts.on_point, **INSTANT, **HIDDEN).then(
+            *concepts_parts.on_point, **INSTANT, **HIDDEN)
         for listen in (model_a.change, model_b.change):
             listen(prompt_box, inputs=[model_a, model_b], outputs=[prompts], **INSTANT, **HIDDEN)
         gr.api(stats, api_name="stats", concurrency_limit=None)

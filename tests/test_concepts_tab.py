@@ -1,0 +1,415 @@
+"""The app's Concepts tab: what its cards draw and its words say, checked against `concepts.photo`'s reading on the
+locally loaded models (`vitviz.load` and `photo.readers`, run here, not through the app), the exemplar index read
+by `load_exemplars` and a match read by `Matches.load`; one model pass per photo and pair of dictionaries; the
+refusals in words; and the launched app from a real browser and a real client."""
+import os
+import pickle
+import shutil
+from pathlib import Path
+
+import gradio as gr
+import numpy as np
+import pytest
+import torch
+
+import vitviz
+from tests.app_server import launch
+from vitviz import catalog
+from vitviz.concepts import TopK, save
+from vitviz.concepts.across import Across, save_across
+from vitviz.concepts.activations import cache_activations
+from vitviz.concepts.dictionary import Origin
+from vitviz.concepts.exemplars import exemplars_of, load_exemplars, save_exemplars
+from vitviz.concepts.match import Matches
+from vitviz.concepts.photo import ACROSS_REMOVAL, readers, shared_concepts
+from vitviz.data import open_folder
+from vitviz.session import ModelRun
+from vitviz.ui import concepts, gpu, page, shared
+
+ROOT = Path(__file__).resolve().parents[1]
+PHOTO = ROOT / "assets" / "cat_chelsea.jpg"
+PAIR = ("vit-cifar10", "cvt-cifar10")
+DICTIONARIES = ("vit-cifar10-last", "cvt-cifar10-last")   # the bundled pair's own
+CHROMIUM = "/usr/bin/chromium"
+QUIET = dict(progress=lambda *a, **k: None)
+
+
+def explained(pair=PAIR) -> str:
+    """A new Explain of the photo (its own session: nothing of it is kept yet)."""
+    return page.explain({"path": str(PHOTO)}, *pair, **QUIET).key
+
+
+def recording(monkeypatch, name: str) -> list:
+    """Each call's arguments of concepts.`name` (a drawing function), which still draws."""
+    calls, draw = [], getattr(concepts, name)
+    monkeypatch.setattr(concepts, name, lambda *a, **k: calls.append((a, k)) or draw(*a, **k))
+    return calls
+
+
+def local_reading(name: str, source: str, *, remove: bool = True):
+    """The library's reading of the photo through `source`, on the locally loaded model."""
+    loaded = vitviz.load(name)
+    run = ModelRun(loaded, shared.SESSIONS.get(explained()).picture)
+    (reader,) = readers([loaded], [source])
+    return run, reader.read(run, remove=remove)
+
+
+def crop_region(transform, size: tuple[int, int]) -> tuple[float, ...]:
+    """The part of a photo of `size` (h, w) the model's centre crop keeps, in fractions (y0, x0, y1, x1)."""
+    (rh, rw), (top, left, h, w) = transform.resized_size(size), transform.crop_box(size)
+    return top / rh, left / rw, (top + h) / rh, (left + w) / rw
+
+
+def shown_order(reference) -> list[int]:
+    """The concepts a column shows for one model's own dictionary: the grid's top, then the class token's others."""
+    return list(dict.fromkeys([*reference.top.tolist(), *([] if reference.class_top is None else
+                                                          reference.class_top.tolist())]))
+
+
+def photos_folder(tmp: Path) -> Path:
+    """The example photos as a data set labelled by their names' first word (airplane, cat, ...)."""
+    folder = tmp / "photos"
+    for photo in sorted((ROOT / "assets").glob("*.jpg")):
+        (folder / photo.stem.split("_")[0]).mkdir(parents=True, exist_ok=True)
+        shutil.copy(photo, folder / photo.stem.split("_")[0] / photo.name)
+    return folder
+
+
+def with_exemplars(tmp: Path, name: str) -> Path:
+    """A copy of bundled dictionary `name` with a small exemplar index of its own, over the example photos."""
+    folder = tmp / "dictionaries" / name
+    folder.mkdir(parents=True)
+    shutil.copy(catalog.BUNDLED_DICTIONARIES[name].path / "concepts.safetensors", folder)
+    dictionary = vitviz.concepts.load(folder)
+    data = open_folder(photos_folder(tmp) if not (tmp / "photos").is_dir() else tmp / "photos")
+    cached = cache_activations(vitviz.load(dictionary.model), data, block=dictionary.block,
+                               tokens=dictionary.origin.tokens, root=tmp / "cache", progress=False)
+    save_exemplars(exemplars_of(dictionary, cached, data, top=4), folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def indexed(tmp_path_factory) -> list[Path]:
+    """Copies of the bundled pair's dictionaries with exemplar indexes over the example photos."""
+    tmp = tmp_path_factory.mktemp("indexed")
+    return [with_exemplars(tmp, name) for name in DICTIONARIES]
+
+
+@pytest.fixture
+def allowed(monkeypatch, indexed) -> list[str]:
+    monkeypatch.setattr(gpu, "LOCAL_DICTIONARIES", {str(indexed[0].parent)})   # as VITVIZ_DICTIONARIES allows
+    return [str(folder) for folder in indexed]
+
+
+def test_a_concept_map_colours_each_cell_of_its_region_by_its_code_and_leaves_the_rest():
+    from vitviz.render.concepts import OPACITY, cell_overlay
+    from vitviz.render.overlay import colormap
+    grey = np.full((8, 12, 3), 100, np.uint8)
+    drawn = cell_overlay(grey, np.array([[0.0, 2.0], [1.0, 4.0]]), (0.5, 0.25, 1.0, 0.75), vmax=2.0)
+    lut = colormap("inferno").astype(float)
+    # the region is rows 4-7, columns 3-8: four cells of 2 x 3 pixels; codes over vmax are at the top of the scale
+    expected = grey.astype(float)
+    for (rows, columns), unit in zip([((4, 6), (3, 6)), ((4, 6), (6, 9)), ((6, 8), (3, 6)), ((6, 8), (6, 9))],
+                                     [0.0, 1.0, 0.5, 1.0]):
+        colour = lut[int(np.round(unit * 255))]
+        expected[rows[0]:rows[1], columns[0]:columns[1]] = 100 + OPACITY * unit * (colour - 100)
+    np.testing.assert_allclose(drawn, np.round(expected), atol=1)
+    assert (drawn[:4] == 100).all() and (drawn[:, :3] == 100).all() and (drawn[:, 9:] == 100).all()
+
+
+def test_the_cards_draw_photo_pys_reading_its_exemplars_and_removals_on_the_bundled_pair(monkeypatch, allowed):
+    key = explained()
+    overlays, tiles = recording(monkeypatch, "cell_overlay"), recording(monkeypatch, "exemplar_tile")
+    shown = concepts.render_concepts(key, *allowed)
+    kept = shared.session(key).reading(("concepts", *allowed))
+    for side, (name, source, cards) in enumerate(zip(PAIR, allowed, (shown.concepts_a, shown.concepts_b))):
+        run, reference = local_reading(name, source)
+        order = shown_order(reference)
+        assert [caption for _, caption in cards] == [str(c) for c in order]
+        assert all(view.ndim == 3 and view.dtype == np.uint8 for view, _ in cards)
+        maps, overlays = overlays[:len(order)], overlays[len(order):]   # column by column, card by card
+        for (args, options), concept in zip(maps, order):
+            np.testing.assert_allclose(args[1], reference.concept_map(concept), rtol=1e-5, atol=1e-6)
+            assert args[2] == pytest.approx(crop_region(run.loaded.transform, (run.image.height, run.image.width)))
+            assert options["vmax"] == pytest.approx(float(reference.concept_map(concept).max()))
+        index = load_exemplars(source, dictionary=vitviz.concepts.load(source))
+        expected = [e for c in order for e in index.of(c)]
+        mine, tiles = tiles[:len(expected)], tiles[len(expected):]
+        assert expected and len(mine) == len(expected)
+        for ((thumbnail, values, region), _), exemplar in zip(mine, expected):
+            np.testing.assert_array_equal(thumbnail, np.asarray(exemplar.image))
+            np.testing.assert_array_equal(values, exemplar.map)
+            assert region == pytest.approx(crop_region(run.loaded.transform, thumbnail.shape[:2]))
+        column = kept.columns[side]
+        assert column.frequency == pytest.approx(index.frequency[order].numpy())
+        removed, words = reference.removed.tolist(), (shown.words_a, shown.words_b)[side]
+        for number, concept in enumerate(order, 1):
+            k = removed.index(concept)
+            assert column.removal.without[concept] == (pytest.approx(float(reference.without[k])),
+                                                       run.label(int(reference.top_without[k])))
+            line = next(line for line in words.splitlines() if line.startswith(f"{number}. **concept {concept}**: "))
+            target, before, after = run.label(reference.target), reference.probability, float(reference.without[k])
+            assert (f"without it {target} stays at {concepts.percent(before)}" if abs(after - before) < 5e-4 else
+                    f"without it {target} {concepts.change(before, after)}") in line
+        strongest = max(order, key=lambda c: abs(column.removal.without[c][0] - reference.probability))
+        assert f"Removing concept {strongest} moves the prediction most" in shown.note
+        assert reference.class_top is not None, "the bundled pair's dictionaries read the class token too"
+        for concept, code in zip(reference.class_top.tolist(), reference.class_codes[reference.class_top]):
+            assert f"{concept} ({code:.2f})" in shown.note   # at the class token
+    assert not overlays and not tiles
+    assert "Two separate dictionaries: no match of" in shown.note and "No exemplar images" not in shown.note
+
+
+def random_dictionary(model: str, *, d: int, block: int, tokens: str, n: int = 64, k: int = 8, seed: int = 0) -> TopK:
+    """A TopK dictionary of random unit directions, said to be trained on `model`'s block `block`."""
+    g = torch.Generator().manual_seed(seed)
+    dictionary = TopK(d, n, k=k, origin=Origin(model=model, block=block, tokens=tokens))
+    with torch.no_grad():
+        dictionary.W_dec.copy_(torch.nn.functional.normalize(torch.randn(n, d, generator=g), dim=1))
+        dictionary.W_enc.copy_(dictionary.W_dec.T)
+    return dictionary
+
+
+def last_block(name: str) -> tuple[int, int]:
+    """(index, width) of a model's last block."""
+    loaded = vitviz.load(name)
+    trace = loaded.model.trace(torch.zeros(1, 3, *loaded.transform.crop), attention=False)
+    return len(trace.blocks) - 1, trace.blocks[-1].tokens.shape[-1]
+
+
+@pytest.fixture
+def across(tmp_path, monkeypatch) -> str:
+    """One dictionary across the bundled pair (random directions) on 4 x 4 cells, in a folder the owner allows."""
+    folder = tmp_path / "across"
+    blocks = [last_block(name) for name in PAIR]
+    across = Across([random_dictionary(name, d=width, block=index, tokens="patch", seed=seed)
+                     for seed, (name, (index, width)) in enumerate(zip(PAIR, blocks))])
+    across.training_record = {"cells": [4, 4]}
+    save_across(across, folder)
+    monkeypatch.setattr(gpu, "LOCAL_DICTIONARIES", {str(tmp_path)})
+    return str(folder)
+
+
+def test_one_dictionary_across_both_models_shows_the_same_concepts_in_both_columns_and_which_only_one_uses(
+        monkeypatch, across):
+    key = explained()
+    overlays = recording(monkeypatch, "cell_overlay")
+    shown = concepts.render_concepts(key, across, across)
+    references = [local_reading(name, across)[1] for name in PAIR]
+    both, only_a, only_b = shared_concepts(*references)
+    assert both, "the random directions share no concept on the photo: pick another seed"
+    for cards, only, reference in zip((shown.concepts_a, shown.concepts_b), (only_a, only_b), references):
+        order = both + only
+        assert [caption for _, caption in cards] == [str(c) for c in order]
+        maps, overlays = overlays[:len(order)], overlays[len(order):]
+        assert reference.grid == (4, 3)   # the 4 x 4 cells over the whole photo, where the crop keeps 3 columns
+        for (args, _), concept in zip(maps, order):
+            np.testing.assert_allclose(args[1], reference.concept_map(concept), rtol=1e-5, atol=1e-6)
+        assert reference.no_removal == ACROSS_REMOVAL and ACROSS_REMOVAL in shown.note
+    words = (f"Both fire on this photo: {', '.join(map(str, both))}; only vit-cifar10: {', '.join(map(str, only_a))}"
+             f"; only cvt-cifar10: {', '.join(map(str, only_b)) or 'none'}.")
+    assert words in shown.note and "has no exemplar index" in shown.note
+
+
+def test_two_separate_dictionaries_show_their_matched_pairs_from_a_match_beside_them(tmp_path, monkeypatch):
+    folders = [tmp_path / name for name in DICTIONARIES]
+    for name, folder in zip(DICTIONARIES, folders):
+        folder.mkdir()
+        shutil.copy(catalog.BUNDLED_DICTIONARIES[name].path / "concepts.safetensors", folder)
+    monkeypatch.setattr(gpu, "LOCAL_DICTIONARIES", {str(tmp_path)})
+    key = explained()
+    sources = [str(folder) for folder in folders]
+    references = [local_reading(name, source, remove=False)[1] for name, source in zip(PAIR, sources)]
+    # concept i of the ViT's matched to the CvT's i-th most active, the ViT's top 3 only
+    top_a, top_b = references[0].top[:3].tolist(), references[1].top[:3].tolist()
+    sides = tuple({"model": name, "block": r.block, "tokens": "patch+cls", "dictionary": {"n_concepts": 768}}
+                  for name, r in zip(PAIR, references))
+    Matches(sides=sides[::-1], pairs=torch.tensor([[b, a] for a, b in zip(top_a, top_b)]),
+            correlation=torch.tensor([0.9, 0.5, 0.25], dtype=torch.float64),
+            firing=(torch.zeros(768, dtype=torch.float64),) * 2, rows=100, images=10, skipped=0,
+            min_rows=10).save(tmp_path / f"match-{folders[1].name}-{folders[0].name}")   # saved the other way round
+    shown = concepts.render_concepts(key, *sources)
+    column = shared.session(key).reading(("concepts", *sources)).columns[0]
+    for k, concept in enumerate(column.concepts.tolist()):
+        partner = column.partners[k]
+        if concept in top_a:
+            b, rho = top_b[top_a.index(concept)], [0.9, 0.5, 0.25][top_a.index(concept)]
+            assert partner == (b, pytest.approx(rho), pytest.approx(float(references[1].codes[:, b].mean())))
+        else:
+            assert partner is None
+    pairs = ", ".join(f"{a} ~ {b} ({rho:.2f})" for a, b, rho in zip(top_a, top_b, (0.9, 0.5, 0.25)))
+    assert f"vit-cifar10's concept ~ cvt-cifar10's (correlation): {pairs}." in shown.note
+    caption = concepts.card_note(shared.session(key).reading(("concepts", *sources)), 0, 0)
+    assert f"matched to cvt-cifar10's concept {top_b[0]} (correlation 0.90" in caption
+
+
+def test_a_click_lists_the_concepts_active_at_the_token_under_it_in_both_models(allowed):
+    key = explained()
+    assert concepts.concepts_at(key, (200, 150), *allowed).startswith("Press **Read the concepts** first")
+    concepts.render_concepts(key, *allowed)
+    point = (180.0, 200.0)   # on the cat's nose, in the pixels of the photo as shown (its full size)
+    words = concepts.concepts_at(key, point, *allowed)
+    for name, source in zip(PAIR, allowed):
+        run, reference = local_reading(name, source, remove=False)
+        x, y = run.canvas.frame.to_input(*shared.run_point(run, point))   # in the model's input pixels
+        (height, width), (rows, columns) = run.loaded.transform.crop, reference.grid
+        i, j = int(y // (height / rows)), int(x // (width / columns))   # the token whose tile holds the point
+        listed = ", ".join(f"{c} ({code:.2f})" for c, code in reference.at(i * reference.grid[1] + j))
+        assert f"**{name}**, cell ({i + 1}, {j + 1}) of its {reference.grid[0]} x {reference.grid[1]}: {listed}." \
+            in words
+    assert "outside its crop" in concepts.concepts_at(key, (5.0, 150.0), *allowed)   # the hatched left edge
+    assert concepts.concepts_at(key, None, *allowed) == concepts.POINT_WORDS
+
+
+def test_one_model_pass_per_photo_and_dictionaries_and_redrawing_or_clicking_runs_none(monkeypatch):
+    key = explained()
+    asked, compute = [], gpu.concepts
+    monkeypatch.setattr(gpu, "concepts", lambda names, picture, pixels, sources, prompts=None:
+                        asked.append(list(sources)) or compute(names, picture, pixels, sources, prompts))
+    first = concepts.render_concepts(key, *DICTIONARIES)
+    assert asked == [list(DICTIONARIES)]
+    found = shared.session(key).reading(("concepts", *DICTIONARIES))
+    crossed = pickle.dumps(found)   # as ZeroGPU's worker hands it back: plain data, no weights
+    assert len(crossed) < 2_000_000 and b"torch.nn" not in crossed and b"Parameter" not in crossed
+    np.testing.assert_array_equal(pickle.loads(crossed).columns[1].maps, found.columns[1].maps)
+    for name in ("trace", "class_maps", "decide", "concepts"):
+        monkeypatch.setattr(gpu, name, lambda *a, **k: pytest.fail("a redraw asked for a model pass"))
+    again = concepts.render_concepts(key, *DICTIONARIES)
+    assert first.note == again.note and np.array_equal(first.concepts_b[0][0], again.concepts_b[0][0])
+    assert "cell (" in concepts.concepts_at(key, (200.0, 150.0), *DICTIONARIES)
+    closed = concepts.Shown(*(gr.skip(),) * len(concepts.Shown._fields))   # a closed tab draws nothing
+    assert concepts.concepts_if_open(key, *DICTIONARIES, False) == closed
+    assert concepts.render_concepts(None, *DICTIONARIES).note == concepts.WAITING
+
+
+def test_each_column_opens_with_its_models_own_dictionary_and_keeps_one_typed_in():
+    assert concepts.default_dictionary("vit-cifar10") == "vit-cifar10-last"
+    assert concepts.default_dictionary("cvt-cifar10") == "cvt-cifar10-last"
+    assert concepts.default_dictionary("dinov2-b14") == "saev-dinov2-b14"   # a published one, from the catalog
+    assert concepts.default_dictionary("dinov2-s14") == ""
+    assert "vit-cifar10-middle" in concepts.dictionaries_for("vit-cifar10")
+    assert concepts.dictionary_box("swin-cifar10", "vit-cifar10-last").value == "swin-cifar10-last"
+    assert concepts.dictionary_box("swin-cifar10", "someone/their-sae").value == "someone/their-sae"
+    assert concepts.dictionary_box("vit-cifar10", "vit-cifar10-middle").value == "vit-cifar10-middle"
+
+
+def test_refusals_and_what_does_not_apply_are_said_in_words(tmp_path, monkeypatch, dinov2_repos):
+    key = explained()
+    shown = concepts.render_concepts(key, "", "vit-cifar10-last")
+    assert "**vit-cifar10**: No dictionary is chosen for vit-cifar10: name one in its box." in shown.note
+    assert ("**cvt-cifar10**: vit-cifar10-last was trained on vit-cifar10, which is none of the models asked for "
+            "(cvt-cifar10).") in shown.note
+    assert shown.concepts_a == shown.concepts_b == []
+    with pytest.raises(gr.Error, match="reads local dictionaries only below the folders its owner allows"):
+        concepts.render_concepts(key, str(catalog.BUNDLED_DICTIONARIES["vit-cifar10-last"].path), "")
+    with pytest.raises(gr.Error, match="a path on the server"):
+        concepts.render_concepts(key, "../../etc", "")
+    # a model without a classifier: its concepts, and no prediction to move
+    index, width = last_block("dinov2-s14")
+    save(random_dictionary("dinov2-s14", d=width, block=index, tokens="patch"), tmp_path / "dino")
+    monkeypatch.setattr(gpu, "LOCAL_DICTIONARIES", {str(tmp_path)})
+    shown = concepts.render_concepts(explained(("dinov2-s14", "resnet-cifar10")), str(tmp_path / "dino"),
+                                     "resnet-cifar10-last")
+    assert "No removal: dinov2-s14 has no classifier: there is no prediction to move." in shown.note
+    assert shown.concepts_a and shown.concepts_b
+    cnn = shown.note.split("\n\n")[1]   # a CNN's concepts are of its positions; its blocks' output is what it reads
+    assert cnn.startswith(f"**resnet-cifar10** through **resnet-cifar10-last** (block "
+                          f"{last_block('resnet-cifar10')[0] + 1}'s positions, 512 concepts")
+    assert "moves the prediction most: without it cat" in cnn
+
+
+# ---- the launched app ------------------------------------------------------------------------------------
+
+def shipped_or_indexed(tmp: Path) -> list[str]:
+    """The bundled pair's dictionaries where both ship their exemplar index, else copies indexed over the example
+    photos (in tmp/dictionaries, which the server is then told to allow)."""
+    if all((catalog.BUNDLED_DICTIONARIES[name].path / "exemplars.safetensors").is_file() for name in DICTIONARIES):
+        return list(DICTIONARIES)
+    return [str(with_exemplars(tmp, name)) for name in DICTIONARIES]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """The app, launched offline, and the dictionaries its Concepts tab is to read."""
+    tmp = tmp_path_factory.mktemp("concepts-app")
+    sources = shipped_or_indexed(tmp)
+    server = launch(tmp, env={"VITVIZ_DICTIONARIES": str(tmp / "dictionaries")})
+    yield server, sources
+    server.stop()
+
+
+@pytest.mark.slow
+def test_concepts_is_one_documented_endpoint_and_answers_from_a_real_client(served):
+    from gradio_client import Client, handle_file
+    server, sources = served
+    client = Client(server.url, verbose=False, analytics_enabled=False,
+                    download_files=str(server.log.parent / "downloads"))
+    api = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
+    assert "/concepts" in api and "/concepts_open" not in api and "/render_concepts" not in api
+    assert [p["parameter_name"] for p in api["/concepts"]["parameters"]] == ["dictionary_a", "dictionary_b"]
+    client.predict(handle_file(str(PHOTO)), *PAIR, api_name="/explain")
+    note, cards_a, cards_b, words_a, words_b, point = client.predict(*sources, api_name="/concepts")
+    for name, source, cards in zip(PAIR, sources, (cards_a, cards_b)):
+        assert f"**{name}** through **{source}**" in note
+        assert len(cards) >= 8 and all(Path(card["image"]).is_file() for card in cards)
+        assert all(card["caption"].isdigit() for card in cards)
+    assert "moves the prediction most" in note and "No exemplar images" not in note and point == concepts.POINT_WORDS
+    assert words_a.startswith("**vit-cifar10**\n\n1. **concept ") and words_b.startswith("**cvt-cifar10**\n\n1. ")
+    note, cards_a, cards_b, *_ = client.predict("", "vit-cifar10-last", api_name="/concepts")
+    assert "No dictionary is chosen for vit-cifar10" in note and cards_a == cards_b == []
+
+
+@pytest.mark.slow
+def test_a_person_reads_both_models_concepts_with_their_maps_and_exemplars_and_clicks_the_photo(served):
+    if not Path(CHROMIUM).exists():
+        pytest.skip("Debian's chromium is not installed (apt-get install -y chromium)")
+    from playwright.sync_api import sync_playwright
+    server, sources = served
+    screenshots = Path(os.environ.get("VITVIZ_SCREENSHOTS", "/tmp/vitviz-screenshots"))
+    screenshots.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(server.url)
+        page.locator("#input-image input[type=file]").set_input_files(str(PHOTO))
+        page.locator("#input-image img").first.wait_for(timeout=30_000)
+        page.locator("#explain").click()
+        page.locator("#comparison").get_by_text("rank correlation").first.wait_for(timeout=120_000)
+        tab = page.get_by_role("tab", name="Concepts")
+        if tab.count() and tab.first.is_visible():
+            tab.first.click()
+        else:   # the tab bar is too narrow: the tab is in its "More tabs" menu
+            page.get_by_role("button", name="More tabs").first.click()
+            page.locator(".overflow-dropdown button", has_text="Concepts").click()
+        for box, source in zip(("#concepts-dictionary-a", "#concepts-dictionary-b"), sources):
+            field = page.locator(f"{box} input")
+            field.fill(source)
+            field.press("Enter")
+        page.locator("#concepts-read").click()
+        page.locator("#concepts-note").get_by_text("moves the prediction most").first.wait_for(timeout=120_000)
+        for gallery in ("#concepts-a", "#concepts-b"):
+            page.locator(f"{gallery} img").first.wait_for(timeout=60_000)
+            assert page.locator(f"{gallery} img").count() >= 8
+            for image in page.locator(f"{gallery} img").all():   # a gallery loads its images as they come into view
+                image.scroll_into_view_if_needed()
+        page.wait_for_function("() => [...document.querySelectorAll('#concepts-a img, #concepts-b img')]"
+                               ".every(i => i.complete && i.naturalWidth > 300)", timeout=30_000)   # whole cards
+        note = page.locator("#concepts-note").inner_text()
+        assert "No exemplar images" not in note and all(f"{name} through" in note for name in PAIR)
+        for gallery, words in (("#concepts-a", "#concepts-words-a"), ("#concepts-b", "#concepts-words-b")):
+            assert page.locator(f"{words} li").count() == page.locator(f"{gallery} img").count()   # one per card
+        page.evaluate("document.querySelectorAll('#tabs *').forEach(e => { e.scrollTop = 0; })")
+        page.locator("#tabs").screenshot(path=str(screenshots / "8-concepts.png"))
+        image = page.locator("#input-image img").first
+        image.scroll_into_view_if_needed()
+        box = image.bounding_box()
+        image.click(position={"x": box["width"] * 0.4, "y": box["height"] * 0.6})
+        page.locator("#concepts-point").get_by_text("cell (").first.wait_for(timeout=30_000)
+        words = page.locator("#concepts-point").inner_text()
+        assert all(f"{name}, cell (" in words for name in PAIR)
+        page.locator("#concepts-point").scroll_into_view_if_needed()
+        page.screenshot(path=str(screenshots / "8-concepts-click.png"))
+        browser.close()
+    assert server.process.poll() is None

@@ -1,0 +1,175 @@
+"""What `python -m vitviz concepts train` does: a data set through each model into the activation cache, the
+models' grids aligned where there are two or more, one dictionary trained on them, written to a folder.
+
+    python -m vitviz concepts train --models vit-cifar10 --block -1 --data cifar10_jpeg.npz --kind topk --k 32 \\
+        --expansion 8 --out DIR
+    python -m vitviz concepts train --models vit-cifar10 cvt-cifar10 ... --out DIR   # one dictionary across both
+
+One model: its tokens of `tokens` kind (`activations.py`), every token of every image a training row, one
+dictionary (`train.py`) in `DIR/concepts.safetensors`. Two or more: each model's grid tokens resampled onto
+the cells every model shares (`align.py`), row r of each model being the same cell of the same image, and a
+dictionary across them (`across.py`) in `DIR`. Training checkpoints to `DIR/training.ckpt` and resumes from
+it; the cache lives under `cache` (default `runs/activations`) and is read again by the next training of the
+same layers. Under torchrun the shards of the cache are shared out by rank and training is data-parallel.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from ..data import Dataset
+from ..distributed import Ranks
+from ..export import write_atomic
+from .activations import Cached, cache_activations
+from .align import Alignment, align, in_photo
+from .dictionary import ConceptsError
+from .own import FILE, save
+from .train import train
+
+CHECKPOINT = "training.ckpt"
+SUMMARY = "training.json"
+DEFAULT_CACHE = Path("runs") / "activations"
+
+
+@dataclass(frozen=True)
+class Layers:
+    """Each model's cached layer, and for two or more models their alignment (None for one)."""
+    cached: tuple[Cached, ...]
+    alignment: Alignment | None
+
+    def rows(self) -> list[Tensor]:
+        """The training rows: one model's tokens (t d), or each model's aligned cells (images·cells d_m), the rows
+        of every model in the same order (the images all of them read)."""
+        if self.alignment is None:
+            return [self.cached[0].tokens()]
+        grids = [cached.grids() for cached in self.cached]
+        common = set.intersection(*(set(images.tolist()) for _, images, _ in grids))
+        rows = []
+        for m, (tokens, images, _) in enumerate(grids):
+            keep = torch.tensor([int(i) in common for i in images])
+            cells = self.alignment.resample(m, tokens[keep][:, self.cached[m].layer["prefix"]:])
+            rows.append(cells.reshape(-1, cells.shape[-1]))
+        return rows
+
+
+def alignment_of(loaded: Sequence, cached: Sequence[Cached], image_size: tuple[int, int]) -> Alignment:
+    """The cells the models' grid tokens share for photos of `image_size` (h, w)."""
+    rectangles = [in_photo(torch.tensor(c.layer["rectangles"], dtype=torch.float64), m.transform, image_size)
+                  for m, c in zip(loaded, cached)]
+    return align(rectangles)
+
+
+def cache_layers(loaded: Sequence, data: Dataset, *, blocks: Sequence[int], tokens: str | None, root: str | Path,
+                 indices: Sequence[int] | None, ranks: Ranks | None = None, progress: bool = True) -> Layers:
+    """Each model's layer cached (made where it is not yet), aligned across the models where there are several.
+    Aligning needs one photo size: the data's images must all have the size of its first."""
+    if len(loaded) > 1 and tokens not in (None, "patch", "position"):
+        raise ConceptsError(f"A dictionary across models reads grid tokens, which have places on the photo to align; "
+                            f"{tokens!r} tokens have none.")
+    cached = tuple(cache_activations(m, data, block=block, tokens=tokens, root=root, indices=indices, ranks=ranks,
+                                     progress=progress) for m, block in zip(loaded, blocks))
+    if len(loaded) == 1:
+        return Layers(cached, None)
+    _, _, sizes = cached[0].grids()
+    if len(sizes) and not (sizes == sizes[0]).all():
+        raise ConceptsError("A dictionary across models aligns the models' grids on the photo, and this data set's "
+                            "images differ in size; resize them to one size first (or train one model at a time).")
+    return Layers(cached, alignment_of(loaded, cached, tuple(int(v) for v in sizes[0])))
+
+
+def train_layers(loaded: Sequence, layers: Layers, *, out: str | Path, leader: bool = True, progress: bool = True,
+                 **settings):
+    """The dictionary of the cached layers (one model) or across them (several), trained with `settings` (the
+    keywords of `train`), saved into `out` with a short summary by the `leader` (rank 0); returned."""
+    out, progress = Path(out), progress and leader
+    out.mkdir(parents=True, exist_ok=True)
+    rows = layers.rows()
+    origins = [{"model": m.name, "revision": m.source.commit or m.source.revision, "block": c.block,
+                "tokens": c.layer["tokens"]} for m, c in zip(loaded, layers.cached)]
+    if layers.alignment is None:
+        (origin,) = origins
+        dictionary = train(rows[0], checkpoint=out / CHECKPOINT, progress=progress, **origin, **settings)
+        if leader:
+            save(dictionary, out / FILE)
+        record = dictionary.training_record
+    else:
+        from .across import save_across, train_across
+
+        dictionary = train_across(rows, models=[o["model"] for o in origins],
+                                  revisions=[o["revision"] for o in origins], blocks=[o["block"] for o in origins],
+                                  tokens=[o["tokens"] for o in origins], checkpoint=out / CHECKPOINT,
+                                  progress=progress, **settings)
+        dictionary.training_record = {**dictionary.training_record, "cells": list(layers.alignment.grid)}
+        if leader:
+            save_across(dictionary, out)
+        record = dictionary.training_record
+    summary = {"models": origins, "tokens_trained_on": [len(r) for r in rows], "training": record,
+               "grid": list(layers.alignment.grid) if layers.alignment else layers.cached[0].layer["grid"],
+               "data": layers.cached[0].layer["data"], "skipped_images": layers.cached[0].skipped}
+    if leader:
+        write_atomic(out / SUMMARY, json.dumps(summary, indent=1).encode())
+    return dictionary
+
+
+def exemplar_indexes(loaded: Sequence, dictionary, data: Dataset, *, folder: str | Path, root: str | Path,
+                     indices: Sequence[int] | None, top: int, quality: int, ranks: Ranks | None = None,
+                     progress: bool = True) -> list[Path]:
+    """The exemplar index of a dictionary (one model) or of each model of a dictionary across models (on the
+    cells they share), over the images `indices` of `data`, written into the dictionary's `folder`; -> the files.
+    The layers are read through the cache like training's (its blocks and tokens from the dictionary)."""
+    from .across import Across
+    from .exemplars import exemplars_of, file_name, save_exemplars
+
+    per_model = dictionary.dictionaries if isinstance(dictionary, Across) else {dictionary.model: dictionary}
+    by_name = {m.name: m for m in loaded}
+    missing = [name for name in per_model if name not in by_name]
+    if missing:
+        raise ConceptsError(f"The dictionary was trained on {', '.join(map(str, per_model))}; load "
+                            f"{', '.join(map(str, missing))} too to index its exemplars.")
+    models = [by_name[name] for name in per_model]
+    tokens = None if isinstance(dictionary, Across) else dictionary.origin.tokens   # across: each model's grid
+    layers = cache_layers(models, data, blocks=[d.block for d in per_model.values()], tokens=tokens, root=root,
+                          indices=indices, ranks=ranks, progress=progress)
+    written = []
+    for position, (model, own_dictionary) in enumerate(per_model.items()):
+        across = isinstance(dictionary, Across)
+        exemplars = exemplars_of(own_dictionary, layers.cached[position], data, top=top, quality=quality,
+                                 alignment=layers.alignment, model_index=position if across else None)
+        if ranks is None or ranks.leader:
+            written.append(save_exemplars(exemplars, Path(folder) / file_name(position if across else None, model)))
+    return written
+
+
+def evaluate_dictionary(loaded: Sequence, dictionary, data: Dataset, *, root: str | Path,
+                        indices: Sequence[int] | None, progress: bool = True) -> dict:
+    """What `concepts evaluate` reports of a dictionary over the images `indices` of `data` (a held-out split):
+    one model's FVU, L0, dead and dense shares (`metrics.py`) and its spliced-in agreement, KL and accuracies
+    (`splice.py`, or in words why its block cannot be spliced); across models, the R² matrix, each concept's
+    firing entropy and the shares of shared and model-specific concepts (`across.across_metrics`)."""
+    from .across import Across, across_metrics
+    from .metrics import metrics
+    from .splice import spliced_metrics
+
+    per_model = dictionary.dictionaries if isinstance(dictionary, Across) else {dictionary.model: dictionary}
+    by_name = {m.name: m for m in loaded}
+    models = [by_name[name] for name in per_model]
+    across = isinstance(dictionary, Across)
+    layers = cache_layers(models, data, blocks=[d.block for d in per_model.values()],
+                          tokens=None if across else dictionary.origin.tokens, root=root, indices=indices,
+                          progress=progress)
+    rows = layers.rows()
+    report = {"data": layers.cached[0].layer["data"], "skipped_images": layers.cached[0].skipped}
+    if across:
+        return {**report, "cells": list(layers.alignment.grid), **across_metrics(dictionary, rows).to_dict()}
+    report.update(metrics(dictionary, rows[0]).to_dict())
+    try:
+        report["spliced"] = spliced_metrics(models[0], data, dictionary, indices=indices,
+                                            progress=progress).to_dict()
+    except ConceptsError as e:
+        report["spliced"] = {"not_spliced": str(e)}
+    return report
