@@ -29,8 +29,10 @@ SAELENS = Path(__file__).parent / "fixtures" / "saelens"
 SAELENS_CASES = {   # case -> the vitviz kind it reads as, and the block of its hook
     "standard": (Standard, 3), "standard-b_dec-not-applied": (Standard, 3),   # blocks.4.hook_resid_pre
     "topk": (TopK, 3), "topk-rescaled": (TopK, 3), "jumprelu": (JumpReLU, 3), "batchtopk": (JumpReLU, 3),
-    "batchtopk-checkpoint": (JumpReLU, 3),
+    "batchtopk-checkpoint": (JumpReLU, 3), "standard-layer-norm": (Standard, 3),
+    "topk-constant-norm-rescale": (TopK, 3),
 }
+PER_TOKEN_CASES = {"standard-layer-norm": "layer_norm", "topk-constant-norm-rescale": "constant_norm_rescale"}
 GITATTRIBUTES = b"*.safetensors filter=lfs diff=lfs merge=lfs -text\n*.pt filter=lfs diff=lfs merge=lfs -text\n"
 D, N, K = 10, 40, 5
 TOL = 1e-6
@@ -53,7 +55,8 @@ def tokens(seed: int = 1) -> torch.Tensor:
 
 def assert_codes_and_reconstructions(dictionary, x, codes, reconstruction):
     torch.testing.assert_close(dictionary.encode(x), codes, atol=TOL, rtol=0)
-    torch.testing.assert_close(dictionary.decode(dictionary.encode(x)), reconstruction, atol=TOL, rtol=0)
+    torch.testing.assert_close(dictionary.decode(dictionary.encode(x), x), reconstruction, atol=TOL, rtol=0)
+    torch.testing.assert_close(dictionary(x), reconstruction, atol=TOL, rtol=0)
     assert (codes > 0).any() and (codes == 0).any()   # a reference that is neither all on nor all off
 
 
@@ -68,6 +71,28 @@ def test_saelens_folders_written_by_sae_lens_encode_and_decode_as_sae_lens_does(
     assert dictionary.origin == Origin(model="clip-b16", block=block)   # its metadata's timm repo, by catalog name
     assert_codes_and_reconstructions(dictionary, *(torch.from_numpy(reference[k])
                                                    for k in ("x", "codes", "reconstruction")))
+    assert dictionary.normalisation.per_token == PER_TOKEN_CASES.get(case)
+
+
+@pytest.mark.parametrize("case", list(PER_TOKEN_CASES))
+def test_codes_of_a_per_token_normalised_dictionary_decode_only_beside_their_tokens(case, tmp_path):
+    dictionary = concepts.load(SAELENS / case)
+    x = torch.from_numpy(np.load(SAELENS / f"{case}.npz")["x"])
+    codes = dictionary.encode(x)
+    with pytest.raises(ConceptsError, match=r"decode back to raw activations only beside the tokens they came from"):
+        dictionary.decode(codes)
+    with pytest.raises(ConceptsError, match="The codes are of 32 tokens, the tokens given beside them 31"):
+        dictionary.decode(codes, x[:31])
+    with pytest.raises(ConceptsError, match="trained on 16-wide activations"):
+        dictionary.decode(codes, x[:, :8])
+    # the same tokens scaled: the same codes (each token's own statistics), the reconstruction scaled with them
+    # (up to layer_norm's ε = 1e-5 beside spreads near 1.5)
+    torch.testing.assert_close(dictionary.encode(3 * x), codes, atol=1e-4, rtol=0)
+    torch.testing.assert_close(dictionary(3 * x), 3 * dictionary(x), atol=1e-4, rtol=0)
+    assert not torch.allclose(dictionary(x), dictionary.decode(codes, 3 * x))   # the tokens beside them count
+    loaded = concepts.load(concepts.save(dictionary, tmp_path / "saved.safetensors"))
+    assert loaded.normalisation.per_token == PER_TOKEN_CASES[case]
+    torch.testing.assert_close(loaded(x), dictionary(x), atol=0, rtol=0)
 
 
 def test_a_saelens_dictionary_is_refused_on_another_model_or_block_naming_what_it_was_trained_on():
@@ -103,9 +128,6 @@ def saelens_copy(tmp_path: Path, case: str = "standard", *, cfg: dict | None = N
 
 
 @pytest.mark.parametrize("change, words", [
-    ({"normalize_activations": "layer_norm"},
-     "normalises each token by its own mean and spread .layer_norm., so its codes cannot be decoded back"),
-    ({"normalize_activations": "constant_norm_rescale"}, "normalises each token by its own norm"),
     ({"normalize_activations": "expected_average_only_in"}, "expects its activations scaled by a factor not in the"),
     ({"normalize_activations": True}, "expects its activations scaled by a factor"),   # SAELens before 6
     ({"normalize_activations": "covariance_whitening"}, "whose constants are not in the folder"),
@@ -269,28 +291,43 @@ def prisma_folder(folder: Path, *, config: dict | None = None, state: dict | Non
     return folder
 
 
-def prisma_reference(x, w, *, activation: str, k: int = K):
-    """ViT-Prisma's encode_standard and decoder with normalize_activations none: h = (x - b_dec) W_enc + b_enc;
-    relu, or its TopK (the k largest through a ReLU); x̂ = f W_dec + b_dec."""
-    h = (x - w["b_dec"]) @ w["W_enc"] + w["b_enc"]
+def prisma_reference(x, w, *, activation: str, k: int = K, norm: str = "none"):
+    """ViT-Prisma's encode_standard and decoder: its run-time normalisation of each token (run_time_activation_ln_in
+    and _out for layer_norm, run_time_activation_norm_fn_in and _out for constant_norm_rescale), then
+    h = (x - b_dec) W_enc + b_enc; relu, or its TopK (the k largest through a ReLU); x̂ = f W_dec + b_dec, the
+    normalisation undone with the statistics the input stored."""
+    if norm == "layer_norm":
+        mu = x.mean(dim=-1, keepdim=True)
+        std = (x - mu).std(dim=-1, keepdim=True)
+        sae_in, out = (x - mu) / (std + 1e-5), lambda y: y * std + mu
+    elif norm == "constant_norm_rescale":
+        coefficient = D ** 0.5 / x.norm(dim=-1, keepdim=True)
+        sae_in, out = x * coefficient, lambda y: y / coefficient
+    else:
+        sae_in, out = x, lambda y: y
+    h = (sae_in - w["b_dec"]) @ w["W_enc"] + w["b_enc"]
     if activation == "relu":
         f = torch.relu(h)
     else:
         top = h.topk(k, dim=-1)
         f = torch.zeros_like(h).scatter_(-1, top.indices, torch.relu(top.values))
-    return f, f @ w["W_dec"] + w["b_dec"]
+    return f, out(f @ w["W_dec"] + w["b_dec"])
 
 
 @pytest.mark.parametrize("activation", ["relu", "topk"])
-def test_prisma_files_encode_and_decode_as_prismas_code_with_their_model_block_and_tokens(tmp_path, activation):
-    config = {"activation_fn_str": activation, "activation_fn_kwargs": {"k": K} if activation == "topk" else {}}
+@pytest.mark.parametrize("norm", ["none", "layer_norm", "constant_norm_rescale"])
+def test_prisma_files_encode_and_decode_as_prismas_code_with_their_model_block_and_tokens(tmp_path, activation,
+                                                                                          norm):
+    config = {"activation_fn_str": activation, "activation_fn_kwargs": {"k": K} if activation == "topk" else {},
+              "normalize_activations": norm}
     folder = prisma_folder(tmp_path / "sae", config=config)
     w, x = weights(), tokens()
-    codes, reconstruction = prisma_reference(x, w, activation=activation)
+    codes, reconstruction = prisma_reference(x, w, activation=activation, norm=norm)
     for source in (folder, folder / "weights.pt"):
         dictionary = concepts.load(source)
         assert type(dictionary) is {"relu": Standard, "topk": TopK}[activation]
         assert dictionary.origin == Origin(model="clip-b32-laion", block=11, tokens="patch+cls")
+        assert dictionary.normalisation.per_token == (None if norm == "none" else norm)
         assert_codes_and_reconstructions(dictionary, x, codes, reconstruction)
 
 
@@ -309,7 +346,8 @@ class PrismaConfig:   # ViT-Prisma's older save_model pickled its config object 
 
 
 @pytest.mark.parametrize("config, state, words", [
-    ({"normalize_activations": "layer_norm"}, None, r"normalises each token by its own mean and spread \(layer_norm\)"),
+    ({"normalize_activations": "expected_average_only_in"}, None,
+     "normalises its activations by 'expected_average_only_in'; vitviz reads normalize_activations none, layer_norm"),
     ({"architecture": "gated"}, None, "is a 'gated' dictionary"),
     ({"activation_fn_str": "tanh-relu"}, None, "has the activation 'tanh-relu'"),
     ({"is_transcoder": True}, None, "is a transcoder"),
@@ -323,13 +361,15 @@ def test_prisma_files_vitviz_cannot_read_exactly_are_refused_in_words(tmp_path, 
         concepts.load(folder)
 
 
-def test_a_prisma_config_naming_no_normalisation_gets_prismas_default_layer_norm_and_is_refused(tmp_path):
+def test_a_prisma_config_naming_no_normalisation_gets_prismas_default_layer_norm(tmp_path):
     folder = prisma_folder(tmp_path / "sae")
     config = json.loads((folder / "config.json").read_text())
     del config["normalize_activations"]
     (folder / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ConceptsError, match="layer_norm, ViT-Prisma's default, as its config names none"):
-        concepts.load(folder)
+    dictionary, x = concepts.load(folder), tokens()
+    assert dictionary.normalisation.per_token == "layer_norm"
+    assert_codes_and_reconstructions(dictionary, x, *prisma_reference(x, weights(), activation="relu",
+                                                                      norm="layer_norm"))
 
 
 def test_a_prisma_pt_holding_code_is_refused_and_never_run(tmp_path, monkeypatch):
@@ -383,11 +423,13 @@ def test_saev_prisma_and_vitviz_repos_load_by_id_and_revision(hub, tmp_path):
 def test_catalog_dictionaries_load_bound_to_their_model_block_and_tokens(hub, tmp_path):
     for name in ("saev-clip-b16", "prisma-clip-b32-block11"):
         entry = catalog.DICTIONARIES[name]
-        files = (files_of(prisma_folder(tmp_path / name, weights_name=entry.path_in_repo)) if entry.path_in_repo
+        files = (files_of(prisma_folder(tmp_path / name, weights_name=entry.path_in_repo,   # Prisma's default norm
+                                        config={"normalize_activations": "layer_norm"})) if entry.path_in_repo
                  else {"sae.pt": saev_file(tmp_path / "sae.pt", PRE_SCHEMA, weights()).read_bytes()})
         hub.publish(entry.repo, {".gitattributes": GITATTRIBUTES, **files})
         dictionary = concepts.load(name)
         assert dictionary.origin == Origin(model=entry.model, block=entry.block, tokens=entry.tokens)
+        assert dictionary.normalisation.per_token == ("layer_norm" if entry.path_in_repo else None)
         names = (catalog.CATALOG[entry.model].source,) if entry.model in catalog.CATALOG else ()
         dictionary.check_applies(model=entry.model, block=entry.block, width=D, names=names)
         with pytest.raises(ConceptsError, match=f"trained on {entry.model} block {entry.block}, patch.cls tokens, "

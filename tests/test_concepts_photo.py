@@ -124,7 +124,7 @@ def test_a_dictionary_for_none_of_the_models_is_refused_in_words(models, folders
     assert readers(list(models), [str(folders / "cvt")])[0] is None
 
 
-def test_explain_writes_each_photos_codes_and_top_concepts(models, folders, tmp_path):
+def test_explain_writes_each_photos_codes_and_top_concepts(models, folders, tmp_path, capsys):
     folder = tmp_path / "photos"
     folder.mkdir()
     photo = photos(1, seed=8)[0]
@@ -142,6 +142,16 @@ def test_explain_writes_each_photos_codes_and_top_concepts(models, folders, tmp_
     assert [t["concept"] for t in entry["concepts"]["top"]] == expected.top.tolist()
     assert main(["explain", str(folder), "--models", "vit-cifar10", "--concepts", str(folders / "cvt"),
                  "--out", str(tmp_path / "refused")]) == 2
+    # --resume: a photo is complete only if it holds the codes of the dictionaries asked for now
+    plain = ["explain", str(folder), "--models", "cvt-cifar10", "--formats", "npy", "--faithfulness-steps", "0",
+             "--out", str(tmp_path / "later"), "--resume"]
+    assert main(plain) == 0
+    capsys.readouterr()
+    assert main([*plain, "--concepts", str(folders / "cvt")]) == 0
+    assert "0 image(s) already complete, 1 to do" in capsys.readouterr().err
+    assert (tmp_path / "later" / "noise" / "cvt-cifar10" / "concepts.npy").is_file()
+    assert main([*plain, "--concepts", str(folders / "cvt")]) == 0
+    assert "1 image(s) already complete, 0 to do" in capsys.readouterr().err
 
 
 def test_the_concept_commands_index_evaluate_and_match(models, folders, tmp_path, capsys):

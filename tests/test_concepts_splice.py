@@ -240,14 +240,21 @@ def test_removing_an_axis_concept_clamps_its_coordinate_as_the_hooked_model_does
         torch.testing.assert_close(logits[:, number], reference, rtol=0, atol=1e-4)
 
 
-def test_removing_a_concept_subtracts_its_part_and_keeps_the_reconstruction_error(data):
+@pytest.mark.parametrize("per_token", [None, "layer_norm", "constant_norm_rescale"])
+def test_removing_a_concept_subtracts_its_part_and_keeps_the_reconstruction_error(data, per_token):
     loaded, pixels, trace = traced("resnet-cifar10", data, count=2)
     bad = random_dictionary(128, k=32, seed=5)
+    if per_token:   # SAELens's and ViT-Prisma's normalisations of each token by its own statistics
+        bad.normalise_each_token(per_token)
     x = trace.blocks[-1].tokens
     codes = bad.encode(x).detach()
     concept = int(codes.sum((0, 1)).argmax())   # one that fires on these images
     logits = without_concepts(loaded, trace, bad, concepts=[concept], block=-1)
-    part = bad.normalisation.scale * codes[..., concept, None] * bad.W_dec[concept].detach()
+    with torch.no_grad():   # its part: the reconstruction with the concept less the one without it
+        part = bad.decode(codes, x) - bad.decode(codes * (torch.arange(bad.n_concepts) != concept), x)
+    if per_token is None:
+        expected = bad.normalisation.scale * codes[..., concept, None] * bad.W_dec[concept].detach()
+        torch.testing.assert_close(part, expected, rtol=0, atol=1e-5)
     with replaced_output(loaded, 5, lambda tokens: tokens - part) as model, torch.inference_mode():
         reference = model(pixels)
     torch.testing.assert_close(logits[:, 0], reference, rtol=0, atol=1e-4)

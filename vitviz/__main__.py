@@ -90,8 +90,9 @@ def image_ids(paths: list[Path]) -> list[str]:
 
 
 def complete(out: Path, entry: dict | None, models: list[str], methods: list[str], formats: list[str],
-             decide: bool = False) -> bool:
-    """Whether a previous run's manifest entry already holds every requested output, on disk."""
+             decide: bool = False, concepts: dict[str, str] | None = None) -> bool:
+    """Whether a previous run's manifest entry already holds every requested output, on disk. `concepts`: the
+    dictionary each model's codes are asked of (model name -> its source), where --concepts is given."""
     if not entry:
         return False
     done = {m["model"]: m for m in entry.get("models", [])}
@@ -102,6 +103,8 @@ def complete(out: Path, entry: dict | None, models: list[str], methods: list[str
         if {f"{m}.{ext}" for m in methods for ext in formats} - set(model.get("files", [])):
             return False
         if decide and "decide" not in model:
+            return False
+        if name in (concepts or {}) and (model.get("concepts") or {}).get("dictionary") != concepts[name]:
             return False
         folder = out / entry["id"] / safe_name(name)
         if not all((folder / f).is_file() for f in model.get("files", [])):
@@ -129,13 +132,14 @@ def cmd_explain(args) -> int:
         models = [hub.load(name, device=ranks.device, size=args.size) for name in args.models]
         names = [m.name for m in models]
         concept_readers = dictionaries_for(models, args.concepts) if args.concepts else None
+        concept_sources = {name: reader.source for name, reader in zip(names, concept_readers or []) if reader}
         done = previous_entries(out) if args.resume else {}
         items = list(zip(paths, image_ids(paths)))
         chunks = ranks.mine([items[i:i + args.batch_size] for i in range(0, len(items), args.batch_size)])
         entries, skipped, todo = [], [], []
         for chunk in chunks:
             finished = [(p, i) for p, i in chunk if complete(out, done.get(str(p)), names, methods, formats,
-                                                                args.decide)]
+                                                                args.decide, concept_sources)]
             entries += [done[str(p)] for p, _ in finished]
             todo.append([item for item in chunk if item not in finished])
         if args.resume:

@@ -6,7 +6,8 @@
     concepts.save(dictionary, "dictionaries/vit-cifar10")
     dictionary = concepts.load("dictionaries/vit-cifar10")   # or a catalog name, or a Hub id (SAELens, saev, Prisma)
     codes = dictionary.encode(tokens)          # raw activations (..., d) -> non-negative codes (..., n)
-    tokens_back = dictionary.decode(codes)     # codes -> raw activation space
+    tokens_back = dictionary.decode(codes)     # codes -> raw activation space (beside the tokens, tokens=,
+                                               # for a published one that normalises each token by its own)
     concepts.metrics(dictionary, held_out)     # FVU, L0, dead and dense shares
 
 A sparse autoencoder splits each token's activation vector into a few of n learned directions, its
@@ -28,7 +29,7 @@ concept at a time. The modules, in the order the work flows:
 """
 from .across import Across
 from .batchtopk import BatchTopK
-from .dictionary import ConceptsError, Dictionary, Normalisation, Origin
+from .dictionary import ConceptsError, Dictionary, Normalisation, Origin, TokenNormalisation
 from .jumprelu import JumpReLU
 from .kinds import KINDS
 from .metrics import Metrics, metrics
@@ -39,4 +40,4 @@ from .topk import TopK
 from .train import train
 
 __all__ = ["KINDS", "Across", "BatchTopK", "ConceptsError", "Dictionary", "JumpReLU", "Metrics", "Normalisation",
-           "Origin", "Standard", "TopK", "load", "metrics", "save", "train"]
+           "Origin", "Standard", "TokenNormalisation", "TopK", "load", "metrics", "save", "train"]

@@ -23,6 +23,11 @@ error over the entries of x̃) reads as the fraction of variance left unexplaine
 of the dictionary and travel in its file, with what it was trained on (`Origin`): a dictionary
 applied to other activations is refused in words, never silently rescaled.
 
+Other tools' dictionaries may instead normalise each token by its own statistics at run time (SAELens's and
+ViT-Prisma's `normalize_activations`, `TokenNormalisation`): x̃ = (x - μ_x) / σ_x, x̂ = (z W_dec + b_dec) · σ_x + μ_x.
+Such a dictionary's codes decode back to raw activations only beside the tokens they came from:
+`decode(codes, tokens=x)`, and `forward(x)` passes them itself.
+
 The kinds (one module each, over this base): `standard` (ReLU, made sparse by an L1 penalty while
 training), `topk` and `batchtopk`.
 """
@@ -72,6 +77,8 @@ UNKNOWN = Origin()   # a dictionary whose origin nobody recorded
 class Normalisation(nn.Module):
     """x̃ = (x - offset) / scale, and its inverse; `offset` d and `scale` () are buffers (saved, not trained)."""
 
+    per_token: ClassVar[str | None] = None   # the name of a normalisation of each token by its own statistics
+
     def __init__(self, d: int):
         super().__init__()
         self.register_buffer("offset", torch.zeros(d))
@@ -80,8 +87,13 @@ class Normalisation(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return (x - self.offset) / self.scale
 
-    def inverse(self, x: Tensor) -> Tensor:
-        return x * self.scale + self.offset
+    def inverse(self, normalised: Tensor, tokens: Tensor | None = None) -> Tensor:
+        """Normalised space -> raw activations (`tokens`, the ones the codes came from, are not needed)."""
+        return normalised * self.scale + self.offset
+
+    def scale_of(self, tokens: Tensor) -> Tensor:
+        """(..., 1): what a unit of normalised space is in raw activations at each of `tokens` (..., d)."""
+        return self.scale.expand(*tokens.shape[:-1], 1)
 
     @torch.no_grad()
     def fit(self, tokens: Tensor) -> None:
@@ -98,6 +110,54 @@ class Normalisation(nn.Module):
                                 f"same vector: there is nothing for a dictionary to explain.")
         self.offset.copy_(offset)
         self.scale.copy_(scale)
+
+
+class TokenNormalisation(nn.Module):
+    """Each token x (d entries) normalised by its own statistics, as SAELens and ViT-Prisma do at run time (their
+    `normalize_activations`; both tools' code computes the same):
+
+        layer_norm              x̃ = (x - μ_x) / (σ_x + ε)     x̂ = y · σ_x + μ_x
+        constant_norm_rescale   x̃ = x · √d / ‖x‖               x̂ = y · ‖x‖ / √d
+
+    μ_x and σ_x the mean and standard deviation (n - 1 in the denominator, torch's default) of the token's
+    entries, ε = 1e-5, y = z W_dec + b_dec the reconstruction in normalised space. The inverse of layer_norm
+    leaves ε out, as the tools' does. Nothing is stored: the inverse needs the token itself."""
+
+    EPS = 1e-5
+    MODES: ClassVar[dict[str, str]] = {"layer_norm": "its own mean and spread", "constant_norm_rescale": "its own norm"}
+
+    def __init__(self, mode: str):
+        super().__init__()
+        if mode not in self.MODES:
+            raise ConceptsError(f"There is no normalisation of each token called {mode!r}; there are "
+                                f"{', '.join(self.MODES)}.")
+        self.per_token = mode
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.per_token == "layer_norm":
+            centred = x - x.mean(-1, keepdim=True)
+            return centred / (centred.std(-1, keepdim=True) + self.EPS)
+        return x * (x.shape[-1] ** 0.5 / x.norm(dim=-1, keepdim=True))
+
+    def inverse(self, normalised: Tensor, tokens: Tensor | None = None) -> Tensor:
+        if tokens is None:
+            raise ConceptsError(f"This dictionary normalises each token by {self.MODES[self.per_token]} "
+                                f"({self.per_token}), so its codes decode back to raw activations only beside the "
+                                f"tokens they came from: decode(codes, tokens=x).")
+        if tokens.shape[:-1] != normalised.shape[:-1]:
+            raise ConceptsError(f"The codes are of {_shape(normalised.shape[:-1])} tokens, the tokens given beside "
+                                f"them {_shape(tokens.shape[:-1])}.")
+        shift = tokens.mean(-1, keepdim=True) if self.per_token == "layer_norm" else 0
+        return normalised * self.scale_of(tokens) + shift
+
+    def scale_of(self, tokens: Tensor) -> Tensor:
+        if self.per_token == "layer_norm":
+            return tokens.std(-1, keepdim=True)
+        return tokens.norm(dim=-1, keepdim=True) / tokens.shape[-1] ** 0.5
+
+
+def _shape(shape) -> str:
+    return " x ".join(map(str, shape)) or "one"
 
 
 class Dictionary(nn.Module):
@@ -137,6 +197,12 @@ class Dictionary(nn.Module):
         """The block whose output tokens it was trained on."""
         return self.origin.block
 
+    def normalise_each_token(self, mode: str) -> Dictionary:
+        """This dictionary with SAELens's or ViT-Prisma's normalisation of each token by its own statistics (`mode`
+        layer_norm or constant_norm_rescale: `TokenNormalisation`) in place of the fixed one; -> itself."""
+        self.normalisation = TokenNormalisation(mode)
+        return self
+
     def settings(self) -> dict:
         """The kind's own settings (TopK's k), as its file records them; the constructor takes them back."""
         return {}
@@ -167,17 +233,22 @@ class Dictionary(nn.Module):
         x = x.to(device=self.W_enc.device, dtype=self.W_enc.dtype)
         return self.activation(self.pre_activations(self.normalisation(x)))
 
-    def decode(self, codes: Tensor) -> Tensor:
-        """Codes (..., n) -> activations (..., d) in raw activation space (the normalisation undone)."""
+    def decode(self, codes: Tensor, tokens: Tensor | None = None) -> Tensor:
+        """Codes (..., n) -> activations (..., d) in raw activation space (the normalisation undone). `tokens`
+        (..., d), the raw activations the codes came from, are needed where the dictionary normalises each token
+        by its own statistics (`TokenNormalisation`), and not read otherwise."""
         if codes.shape[-1] != self.n_concepts:
             raise ConceptsError(f"This dictionary has {self.n_concepts} concepts; the codes given have "
                                 f"{codes.shape[-1]}.")
         codes = codes.to(device=self.W_dec.device, dtype=self.W_dec.dtype)
-        return self.normalisation.inverse(self.decode_normalised(codes))
+        if tokens is not None:
+            self.check_width(tokens.shape[-1])
+            tokens = tokens.to(device=self.W_dec.device, dtype=self.W_dec.dtype)
+        return self.normalisation.inverse(self.decode_normalised(codes), tokens)
 
     def forward(self, x: Tensor) -> Tensor:
         """The reconstruction x̂ of raw activations x (..., d)."""
-        return self.decode(self.encode(x))
+        return self.decode(self.encode(x), x)
 
     def check_applies(self, *, model: str, block: int, width: int, names: tuple[str, ...] = ()) -> None:
         """Refuses a model, block (an index into the trace's blocks, counted from 0) or width other than the ones

@@ -13,10 +13,9 @@ config names and that they are finite, and folds into vitviz's formulas (`dictio
 each exact up to rounding: computed in float64, and kept in float64 where the file's weights are, else in float32
 as vitviz's dictionaries are (a float16 or bfloat16 file's weights are exact in float32).
 
-The normalisation is none (offset 0, scale 1): the layouts that normalise with constants of the data set do not
-hold them (their readers refuse those files or say so), and a normalisation of each token by its own statistics
-(SAELens's and ViT-Prisma's layer_norm) is refused by the readers, since decoding codes back to raw activations
-would need the token they came from.
+The normalisation is none (offset 0, scale 1), or one of each token by its own statistics (SAELens's and
+ViT-Prisma's layer_norm and constant_norm_rescale, `dictionary.TokenNormalisation`: `per_token`); the layouts that
+normalise with constants of the data set do not hold them (their readers refuse those files or say so).
 """
 from __future__ import annotations
 
@@ -40,11 +39,12 @@ MODEL_PREFIXES = ("open-clip:", "hf-hub:")   # how ViT-Prisma and open_clip writ
 
 def dictionary_from(cls: type[Dictionary], tensors: Mapping[str, Tensor], *, what: str, d: int, n_concepts: int,
                     origin: Origin = UNKNOWN, b_dec_in_encoder: bool = True, decoder_norm_units: bool = False,
-                    **settings) -> Dictionary:
+                    per_token: str | None = None, **settings) -> Dictionary:
     """A `cls` dictionary (built with `settings`) holding a file's `tensors` (SAELens's names and the kind's own
     buffers), in eval mode on the CPU; `what` names the file in messages. `b_dec_in_encoder`: whether the tool's
     encoder reads x - b_dec; `decoder_norm_units`: whether its codes are in units of the decoder rows' norms (the
-    module docstring has both folds). Refused in words: missing, unknown, misshapen or non-finite tensors."""
+    module docstring has both folds); `per_token`: the normalisation of each token the tool applies, if any.
+    Refused in words: missing, unknown, misshapen or non-finite tensors."""
     try:
         dictionary = cls(d, n_concepts, origin=origin, **settings)
     except ConceptsError as e:
@@ -76,6 +76,8 @@ def dictionary_from(cls: type[Dictionary], tensors: Mapping[str, Tensor], *, wha
         weights["b_enc"] = weights["b_enc"] + weights["b_dec"] @ weights["W_enc"]
     state = dictionary.state_dict()
     dictionary.load_state_dict({**state, **{name: value.to(state[name].dtype) for name, value in weights.items()}})
+    if per_token:
+        dictionary.normalise_each_token(per_token)
     return dictionary.eval()
 
 

@@ -72,7 +72,7 @@ def metrics(dictionary: Dictionary, activations: Activations, *, batch_size: int
         dictionary.check_width(x.shape[1])
         x = x.to(device)
         codes = dictionary.encode(x)
-        error_sum += (x.double() - dictionary.decode(codes).double()).square().sum().item()
+        error_sum += (x.double() - dictionary.decode(codes, x).double()).square().sum().item()
         x = x.double()
         if shift is None:
             shift = x.mean(0)

@@ -6,7 +6,10 @@
       __metadata__ {"vitviz_concepts": JSON}, the JSON holding
                 format "vitviz-concepts", version, kind, d, n_concepts, settings (TopK's k, ...),
                 origin {model, revision, block, tokens}, normalisation (its formula, in words),
-                training (how it was trained, where `train` made it), sha256
+                training (how it was trained, where `train` made it), sha256; and for a dictionary
+                read from another tool that normalises each token by its own statistics, per_token
+                (layer_norm or constant_norm_rescale, `TokenNormalisation`) in place of the two
+                normalisation tensors
 
 `sha256` is the SHA-256 of every tensor's name and bytes, in name order, as written: a file damaged
 after it was written (a flipped byte, a copy cut short) is refused rather than read as other weights.
@@ -32,6 +35,8 @@ FORMAT, VERSION = "vitviz-concepts", 1
 FILE = "concepts.safetensors"   # the file's name in a folder
 HEADER_KEY = "vitviz_concepts"  # its key in the safetensors header's __metadata__
 NORMALISATION = "x_normalised = (x - normalisation.offset) / normalisation.scale"
+TOKEN_NORMALISATION = {"layer_norm": "x_normalised = (x - mean(x)) / (std(x) + 1e-5), each token by its own",
+                       "constant_norm_rescale": "x_normalised = x * sqrt(d) / norm(x), each token by its own"}
 
 
 def matches(path: Path) -> bool:
@@ -55,8 +60,11 @@ def save(dictionary: Dictionary, path: str | Path) -> Path:
     refuse_non_finite(tensors, f"The dictionary to be saved as {path}")
     header = {"format": FORMAT, "version": VERSION, "kind": dictionary.kind, "d": dictionary.d,
               "n_concepts": dictionary.n_concepts, "settings": dictionary.settings(),
-              "origin": dictionary.origin.to_dict(), "normalisation": NORMALISATION,
-              "training": dictionary.training_record, "sha256": checksum(tensors)}
+              "origin": dictionary.origin.to_dict(), "training": dictionary.training_record,
+              "sha256": checksum(tensors)}
+    per_token = dictionary.normalisation.per_token
+    header.update({"normalisation": TOKEN_NORMALISATION[per_token], "per_token": per_token} if per_token else
+                  {"normalisation": NORMALISATION})
     write_atomic(path, save_tensors(tensors, {HEADER_KEY: json.dumps(header)}))
     return path
 
@@ -79,6 +87,8 @@ def read(path: Path) -> Dictionary:
         cls = kind_named(header["kind"], reading=True)
         dictionary = cls(int(header["d"]), int(header["n_concepts"]), origin=Origin.from_dict(header["origin"]),
                          **header["settings"])
+        if header.get("per_token"):
+            dictionary.normalise_each_token(header["per_token"])
         if tensors["W_enc"].dtype == torch.float64:   # a dictionary read from another tool's float64 file
             dictionary.double()
         dictionary.load_state_dict(tensors)

@@ -16,10 +16,11 @@ ViT-Prisma's `SparseAutoencoder.encode_standard` and decoder, with its normalisa
     activation_fn_str topk   σ = ReLU of the k largest (its TopK)     -> TopK
 
 N none is vitviz's formula with no normalisation. ViT-Prisma's default N, layer_norm (also taken when the config
-does not name one, as ViT-Prisma's loader does), divides each token by its own spread, and constant_norm_rescale
-by its own norm: a code could not be decoded back to raw activations without the token it came from, so those
-files are refused in words, as are the gated and jumprelu architectures, other activations (tanh-relu),
-transcoders, a hook other than a block's residual output, damaged files, missing or misshapen tensors and NaN.
+does not name one, as ViT-Prisma's loader does), centres each token on its own mean and divides it by its own
+spread, and constant_norm_rescale scales it to norm √d (`dictionary.TokenNormalisation`, the same formulas as
+SAELens's): its codes decode back to raw activations beside the tokens they came from. Refused in words: other
+normalisations, the gated and jumprelu architectures, other activations (tanh-relu), transcoders, a hook other
+than a block's residual output, damaged files, missing or misshapen tensors and NaN.
 
 The origin: the model (`model_name`, ViT-Prisma's `open-clip:` prefix dropped; the catalog's name for it where
 there is one), the block of `blocks.{hook_point_layer}.{layer_subtype}` (`foreign.block_of_hook`) and the tokens
@@ -30,7 +31,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .dictionary import ConceptsError, Dictionary, Origin
+from .dictionary import ConceptsError, Dictionary, Origin, TokenNormalisation
 from .foreign import block_of_hook, dictionary_from, model_of, read_state_dict
 from .standard import Standard
 from .topk import TopK
@@ -38,7 +39,6 @@ from .topk import TopK
 CONFIG = "config.json"
 WEIGHTS = ("weights.pt", "n_images_2600058.pt")   # its README's name, and its CLIP checkpoints' (its loaders' default)
 PRISMA_KEYS = ("d_in", "hook_point_layer", "layer_subtype")   # in ViT-Prisma's config.json, in no model's
-PER_TOKEN = {"layer_norm": "its own mean and spread", "constant_norm_rescale": "its own norm"}
 
 
 def matches(path: Path) -> bool:
@@ -67,7 +67,7 @@ def read(path: Path) -> Dictionary:
     path = _weights_in(path) if path.is_dir() else path
     config = json.loads((path.parent / CONFIG).read_text(encoding="utf-8"))   # matches() has parsed it
     what = f"The ViT-Prisma dictionary {path}"
-    _refuse_what_cannot_be_exact(config, what)
+    per_token = _refuse_what_cannot_be_exact(config, what)
     tensors = read_state_dict(path.read_bytes(), what=what)
     if set(tensors) == {"state_dict"}:
         tensors = tensors["state_dict"]
@@ -90,7 +90,8 @@ def read(path: Path) -> Dictionary:
     except (KeyError, TypeError, ValueError) as e:
         raise ConceptsError(f"{path.parent / CONFIG} lacks a setting vitviz needs or holds one it cannot read "
                             f"({type(e).__name__}: {e}).") from None
-    dictionary = dictionary_from(cls, tensors, what=what, d=d, n_concepts=n, origin=origin, **settings)
+    dictionary = dictionary_from(cls, tensors, what=what, d=d, n_concepts=n, origin=origin, per_token=per_token,
+                                 **settings)
     dictionary.training_record = {"layout": "vit-prisma", "config": config}
     return dictionary
 
@@ -113,20 +114,16 @@ def _weights_in(folder: Path) -> Path:
                         f"to load." if found else "no .pt file of weights."))
 
 
-def _refuse_what_cannot_be_exact(config: dict, what: str) -> None:
+def _refuse_what_cannot_be_exact(config: dict, what: str) -> str | None:
+    """What vitviz's formulas cannot reproduce, refused in words; -> the normalisation of each token, or None."""
     norm = config.get("normalize_activations", "layer_norm")   # ViT-Prisma's default
-    if norm in PER_TOKEN:
-        raise ConceptsError(f"{what} normalises each token by {PER_TOKEN[norm]} ({norm}"
-                            + (", ViT-Prisma's default, as its config names none" if "normalize_activations"
-                               not in config else "")
-                            + "), so its codes cannot be decoded back to raw activations without the token they "
-                              "came from; vitviz reads dictionaries whose normalisation is fixed (none).")
-    if norm not in ("none", None):
+    if norm not in ("none", None, *TokenNormalisation.MODES):
         raise ConceptsError(f"{what} normalises its activations by {norm!r}; vitviz reads normalize_activations "
-                            f"none.")
+                            f"none, {' and '.join(TokenNormalisation.MODES)}.")
     if config.get("architecture", "standard") != "standard":
         raise ConceptsError(f"{what} is a {config['architecture']!r} dictionary; vitviz reads ViT-Prisma's "
                             f"standard ones (relu or topk).")
     if config.get("is_transcoder"):
         raise ConceptsError(f"{what} is a transcoder (it maps one layer's input to another's output), not a "
                             f"dictionary of one layer's tokens.")
+    return norm if norm in TokenNormalisation.MODES else None

@@ -19,11 +19,11 @@ The architectures and their codes (SAELens's `encode`, pre = (x - b_dec) W_enc +
 
 `apply_b_dec_to_input` false (the encoder reads x itself) and `rescale_acts_by_decoder_norm` (the TopK picks among
 pre · ‖W_dec[i]‖) are folded into the weights exactly (`foreign.py`). Refused, in words:
-- `normalize_activations` other than none: expected_average_only_in scales the activations by a factor SAELens
-  keeps in its registry of pretrained dictionaries, not in the folder; layer_norm and constant_norm_rescale
-  normalise each token by its own mean and spread or norm, so a code could not be decoded back to raw activations
-  without the token it came from; covariance_whitening's matrix is not in the folder (SAELens folds it into the
-  weights when it finishes training, and this folder was saved before);
+- `normalize_activations` expected_average_only_in, which scales the activations by a factor SAELens keeps in
+  its registry of pretrained dictionaries, not in the folder, and covariance_whitening, whose matrix is not in the
+  folder (SAELens folds it into the weights when it finishes training, and this folder was saved before); none,
+  layer_norm and constant_norm_rescale (each token by its own mean and spread, or norm:
+  `dictionary.TokenNormalisation`, whose codes decode beside their tokens) are read;
 - `reshape_activations` hook_z (attention heads' outputs, not a block's output tokens), a hook other than a
   block's residual output (`foreign.block_of_hook`), and the other architectures (gated, matryoshka, transcoders);
 - a `scaling_factor` other than ones (SAELens before 6 fine-tuned one; SAELens 6 reads none);
@@ -41,14 +41,13 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from .dictionary import ConceptsError, Dictionary, Origin
+from .dictionary import ConceptsError, Dictionary, Origin, TokenNormalisation
 from .foreign import block_of_hook, dictionary_from, model_of
 from .jumprelu import JumpReLU
 from .standard import Standard
 from .topk import TopK
 
 CONFIG, WEIGHTS = "cfg.json", "sae_weights.safetensors"
-PER_TOKEN = {"layer_norm": "its own mean and spread", "constant_norm_rescale": "its own norm"}
 
 
 def matches(path: Path) -> bool:
@@ -80,7 +79,7 @@ def read(path: Path) -> Dictionary:
     except SafetensorError as e:
         raise ConceptsError(f"{folder / WEIGHTS} is damaged or not a safetensors file ({e}).") from None
     metadata = cfg.get("metadata") if isinstance(cfg.get("metadata"), dict) else cfg   # before SAELens 6: the top
-    _refuse_what_cannot_be_exact(cfg, tensors, what)
+    per_token = _refuse_what_cannot_be_exact(cfg, tensors, what)
     architecture = _architecture(cfg)
     try:
         d, n = int(cfg["d_in"]), int(cfg["d_sae"])
@@ -88,7 +87,7 @@ def read(path: Path) -> Dictionary:
         origin = Origin(model=model_of(metadata.get("model_name")),
                         block=block_of_hook(hook, what=what) if hook else None)
         common = dict(what=what, d=d, n_concepts=n, origin=origin,
-                      b_dec_in_encoder=cfg.get("apply_b_dec_to_input", True) is not False)
+                      b_dec_in_encoder=cfg.get("apply_b_dec_to_input", True) is not False, per_token=per_token)
         if architecture == "standard":
             dictionary = dictionary_from(Standard, tensors, **common)
         elif architecture == "topk":
@@ -141,23 +140,20 @@ def _k(cfg: dict) -> int:
     return int(k)
 
 
-def _refuse_what_cannot_be_exact(cfg: dict, tensors: dict, what: str) -> None:
+def _refuse_what_cannot_be_exact(cfg: dict, tensors: dict, what: str) -> str | None:
     """The settings whose codes vitviz's formulas cannot reproduce from this folder alone, refused in words;
-    a scaling_factor of ones (which SAELens once wrote as a no-op) is dropped."""
+    a scaling_factor of ones (which SAELens once wrote as a no-op) is dropped. -> the normalisation of each token
+    the folder names, or None."""
     norm = cfg.get("normalize_activations", "none")
     norm = {False: "none", True: "expected_average_only_in", None: "none"}.get(norm, norm)   # before SAELens 6
-    if norm in PER_TOKEN:
-        raise ConceptsError(f"{what} normalises each token by {PER_TOKEN[norm]} ({norm}), so its codes cannot be "
-                            f"decoded back to raw activations without the token they came from; vitviz reads "
-                            f"dictionaries whose normalisation is fixed (normalize_activations: none).")
     if norm == "expected_average_only_in":
         raise ConceptsError(f"{what} expects its activations scaled by a factor not in the folder (SAELens "
                             f"keeps it in its registry of pretrained dictionaries): load it with SAELens's "
                             f"SAE.from_pretrained, which folds the factor in, and save it again.")
-    if norm != "none":
+    if norm != "none" and norm not in TokenNormalisation.MODES:
         raise ConceptsError(f"{what} normalises its activations by {norm!r}, whose constants are not in the folder "
                             f"(SAELens folds a whitening into the weights when training ends); vitviz reads "
-                            f"normalize_activations: none.")
+                            f"normalize_activations none, {' and '.join(TokenNormalisation.MODES)}.")
     if cfg.get("reshape_activations", "none") != "none":
         raise ConceptsError(f"{what} reads attention heads' outputs ({cfg['reshape_activations']}), not a block's "
                             f"output tokens.")
@@ -165,3 +161,4 @@ def _refuse_what_cannot_be_exact(cfg: dict, tensors: dict, what: str) -> None:
     if scaling is not None and not torch.equal(scaling, torch.ones_like(scaling)):
         raise ConceptsError(f"{what} scales its codes by a fine-tuned scaling_factor, which SAELens 6 no longer "
                             f"reads and vitviz does not either.")
+    return norm if norm in TokenNormalisation.MODES else None

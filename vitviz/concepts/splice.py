@@ -15,9 +15,10 @@ images, with p the unspliced model's prediction and q the spliced one's (softmax
 the spliced prediction with the model's own, not with the labels, so it needs none.)
 
 Concept removal. With codes z = encode(x) of one read token, concept i's part of x in raw activation space is
-scale · z_i W_dec[i] (`dictionary.py`: x̂ - offset = scale · (b_dec + Σ_i z_i W_dec[i])), and removing it gives
+scale · z_i W_dec[i] (`dictionary.py`: x̂ - offset = scale · (b_dec + Σ_i z_i W_dec[i]); for a dictionary that
+normalises each token by its own statistics, scale is that token's σ_x or ‖x‖ / √d), and removing it gives
 
-    x_without_i = x - scale · z_i W_dec[i]           at every read token (each with its own z_i)
+    x_without_i = x - scale · z_i W_dec[i]           at every read token (each with its own z_i and scale)
 
 subtracted from the true output, not from the reconstruction, so the reconstruction error x - x̂ is kept and
 a concept that does not fire on the photo changes nothing. The rest of the model runs on x_without_i.
@@ -226,13 +227,15 @@ def spliced_metrics(loaded, data: Dataset, dictionary: Dictionary, *, block: int
 @torch.inference_mode()
 def removed(x: Tensor, dictionary: Dictionary, at: Site, concepts: Sequence[int]) -> Tensor:
     """Block output tokens x (b n d) -> b C n d: for each of the C `concepts`, x less that concept's part
-    scale · z_i W_dec[i] at the rows the dictionary reads (the module docstring)."""
+    scale · z_i W_dec[i] (`Normalisation.scale_of`) at the rows the dictionary reads (the module docstring)."""
     concepts = torch.as_tensor(concepts, dtype=torch.long, device=dictionary.W_dec.device).reshape(-1)
     if len(concepts) and not (0 <= int(concepts.min()) and int(concepts.max()) < dictionary.n_concepts):
         raise ConceptsError(f"This dictionary's concepts are 0 to {dictionary.n_concepts - 1}; "
                             f"{concepts.tolist()} are not all among them.")
-    codes = dictionary.encode(x[:, at.rows])[..., concepts]                              # b t C
-    parts = dictionary.normalisation.scale * torch.einsum('btc,cd->bctd', codes, dictionary.W_dec[concepts])
+    rows = x[:, at.rows]
+    codes = dictionary.encode(rows)[..., concepts]                                       # b t C
+    scale = dictionary.normalisation.scale_of(rows.to(codes))                            # b t 1
+    parts = torch.einsum('btc,cd->bctd', codes, dictionary.W_dec[concepts]) * scale[:, None]
     out = x[:, None].repeat(1, len(concepts), 1, 1)
     out[:, :, at.rows] -= parts.to(device=x.device, dtype=x.dtype)
     return out
