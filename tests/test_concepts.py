@@ -221,6 +221,8 @@ def test_the_decoder_gradient_along_each_row_is_removed_and_the_rest_kept():
     assert (W_dec.grad * rows).sum(1).abs().max() < 1e-6
     across = gradient - (gradient @ rows.T).diagonal()[:, None] * rows
     torch.testing.assert_close(W_dec.grad, across)
+    # and unrecorded: a gradient with a history would keep every step's graph alive (memory growing each epoch)
+    assert W_dec.grad.grad_fn is None and not W_dec.grad.requires_grad
 
 
 # ---- metrics, worked by hand ----------------------------------------------------------------------------

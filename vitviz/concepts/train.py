@@ -237,10 +237,11 @@ def auxk(pre: Tensor, residual: Tensor, dead: Tensor, W_dec: Tensor, k_aux: int,
     return (residual - revived @ W_dec).square().sum() / total.clamp_min(torch.finfo(pre.dtype).tiny)
 
 
+@torch.no_grad()   # recorded, the change would give the gradient a history, kept step after step by the optimizer
 def remove_parallel_gradient(W_dec: torch.nn.Parameter) -> None:
     """g_i ← g_i - (g_i · w_i) w_i for each unit row w_i: the step then turns the rows without lengthening them."""
     if W_dec.grad is not None:
-        W_dec.grad -= (W_dec.grad * W_dec).sum(-1, keepdim=True) * W_dec.detach()
+        W_dec.grad -= (W_dec.grad * W_dec).sum(-1, keepdim=True) * W_dec
 
 
 def _check_ranks_agree(dictionary: Dictionary, step: int) -> None:
