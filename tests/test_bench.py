@@ -11,6 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 TIMES = r"[\d.]+ / [\d.]+ / [\d.]+ ms"
 RATIO = r"ratio [\d.]+ \(target <= [\d.]+\) (OK|MISSED)"
+AT_LEAST = r"ratio [\d.]+ \(target >= [\d.]+\) (OK|MISSED)"
 EXPECTED = {   # line start -> the rest of it; one line each
     **{f"vit forward b{b} {shape}": rf": vitviz {TIMES}, timm {TIMES}, {RATIO}$"
        for shape in ("vit_small_patch16_224", "vit_base_patch16_224") for b in (1, 8)},
@@ -76,6 +77,12 @@ EXPECTED = {   # line start -> the rest of it; one line each
                                          rf"alone [\d.]+ frames/s \({TIMES}\), of end to end the H.264 encoding "
                                          rf"of its \d+x\d+ frames alone [\d.]+ ms a frame, {RATIO}$"
        for pair in ("bundled pair", "ImageNet pair")},
+    "concepts caching": rf", \d+ 32 px images through [\w-]+'s last block: \d+ images/s \({TIMES}\), the traced "
+                        rf"forwards alone \d+ images/s \({TIMES}\), {AT_LEAST}$",
+    "concepts training": rf", [1-9]\d* TopK steps of \d+ tokens \(d \d+, \d+ concepts, k \d+\): vitviz [\d.]+ "
+                         rf"steps/s \({TIMES}\), Overcomplete's train_sae [\d.]+ steps/s \({TIMES}\), {AT_LEAST}$",
+    # --quick has no bundled dictionaries to time the tab with
+    "concepts tab": r": skipped \(needs the bundled pair and its bundled dictionaries; not with --quick\)$",
 }
 
 

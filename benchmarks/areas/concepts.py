@@ -76,7 +76,7 @@ def training(bench: Bench, tokens: torch.Tensor) -> None:
     sae = overcomplete_sae()
     from overcomplete.sae.losses import top_k_auxiliary_loss
 
-    d, batch, k = tokens.shape[1], 4096, 16
+    d, batch, k = tokens.shape[1], (256 if bench.quick else 4096), 16   # --quick's 64 images hold about 1,000 tokens
     tokens = tokens[: batch * (4 if bench.quick else 24)]
     steps = len(tokens) // batch
     loader = [tokens[i:i + batch] for i in range(0, len(tokens), batch)]
