@@ -119,6 +119,7 @@ def test_a_concept_map_colours_each_cell_of_its_region_by_its_code_and_leaves_th
 
 def test_the_cards_draw_photo_pys_reading_its_exemplars_and_removals_on_the_bundled_pair(monkeypatch, allowed):
     key = explained()
+    concepts.exemplar_tiles.cache_clear()   # drawn here, not by an earlier test
     overlays, tiles = recording(monkeypatch, "cell_overlay"), recording(monkeypatch, "exemplar_tile")
     shown = concepts.render_concepts(key, *allowed)
     kept = shared.session(key).reading(("concepts", *allowed))
@@ -158,6 +159,24 @@ def test_the_cards_draw_photo_pys_reading_its_exemplars_and_removals_on_the_bund
             assert f"{concept} ({code:.2f})" in shown.note   # at the class token
     assert not overlays and not tiles
     assert "Two separate dictionaries: no match of" in shown.note and "No exemplar images" not in shown.note
+    # a concept's top images are drawn once a process: drawn again, the cards are the same and no tile is redrawn
+    again = concepts.render_concepts(key, *allowed)
+    assert not tiles
+    for before, after in ((shown.concepts_a, again.concepts_a), (shown.concepts_b, again.concepts_b)):
+        assert [caption for _, caption in after] == [caption for _, caption in before]
+        for (view, _), (redrawn, _) in zip(before, after):
+            np.testing.assert_array_equal(redrawn, view)
+
+
+def test_a_concepts_top_image_is_equal_by_content_so_another_photos_reading_finds_its_tiles_drawn():
+    thumbnail = np.arange(32 * 32 * 3, dtype=np.uint8).reshape(32, 32, 3)
+    made = [gpu.ConceptImage(thumbnail=thumbnail.copy(), map=np.ones((4, 4), np.float32) * v, region=(0, 0, 1, 1),
+                             value=1.5, label="cat") for v in (1, 1, 2)]   # as two readings bring them back
+    assert made[0] == made[1] and hash(made[0]) == hash(made[1]) and made[0] != made[2]
+    concepts.exemplar_tiles.cache_clear()
+    first, again = concepts.exemplar_tiles((made[0],), 60), concepts.exemplar_tiles((made[1],), 60)
+    assert again is first and concepts.exemplar_tiles.cache_info().hits == 1
+    assert not first[0].flags.writeable
 
 
 def random_dictionary(model: str, *, d: int, block: int, tokens: str, n: int = 64, k: int = 8, seed: int = 0) -> TopK:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import NamedTuple
 
@@ -142,11 +143,19 @@ def card(run: ModelRun, column: gpu.ConceptReading, k: int, base: np.ndarray | N
     base = card_photo(run, column) if base is None else base
     values = column.maps[k]
     photo = cell_overlay(base, values, column.region, vmax=float(values.max()))
-    images = [] if column.exemplars is None else column.exemplars[k]
-    side = exemplar_layout(len(images))[1]
-    tiles = [exemplar_tile(e.thumbnail, e.map, e.region, vmax=images[0].value, side=side,   # on the strongest's scale
-                           label=f"{e.label or ''} {e.value:.2g}".strip()) for e in images]
+    images = () if column.exemplars is None else tuple(column.exemplars[k])
+    tiles = exemplar_tiles(images, exemplar_layout(len(images))[1]) if images else ()
     return concept_card(photo, tiles, title=f"concept {int(column.concepts[k])}")
+
+
+@lru_cache(maxsize=256)   # a concept's top images are the same whatever the photo: drawn once a process
+def exemplar_tiles(images: tuple[gpu.ConceptImage, ...], side: int) -> tuple[np.ndarray, ...]:
+    """A concept's top images drawn as tiles of `side` px, each map on the strongest's scale (read-only: kept)."""
+    tiles = tuple(exemplar_tile(e.thumbnail, e.map, e.region, vmax=images[0].value, side=side,
+                                label=f"{e.label or ''} {e.value:.2g}".strip()) for e in images)
+    for drawn in tiles:
+        drawn.setflags(write=False)
+    return tiles
 
 
 def cards(run: ModelRun, found: gpu.Concepts, side: int) -> tuple[list, str]:

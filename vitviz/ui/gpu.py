@@ -402,16 +402,27 @@ def map_region(trace: Trace, block: int, transform, image_size: tuple[int, int])
     return tuple(float(v) for v in (*low, *high))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ConceptImage:
     """One of a concept's top images from its exemplar index, as it crosses back: the thumbnail (h w 3 uint8), the
     concept's code on its grid (gh gw float32) and where that grid lies on it, its value (the largest code) and
-    its class (None where the data set has no labels)."""
+    its class (None where the data set has no labels). Equal by content, its arrays' bytes included, so what is
+    drawn of it can be kept (`ui.concepts.exemplar_tiles`) on ZeroGPU too, where it crosses as a copy."""
     thumbnail: np.ndarray
     map: np.ndarray
     region: Region
     value: float
     label: str | None
+
+    def _content(self) -> tuple:
+        return (self.thumbnail.shape, self.thumbnail.tobytes(), self.map.shape, self.map.tobytes(), self.region,
+                self.value, self.label)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, ConceptImage) and self._content() == other._content()
+
+    def __hash__(self) -> int:
+        return hash(self._content())
 
 
 @dataclass(frozen=True)
