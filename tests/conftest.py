@@ -9,11 +9,13 @@ import os
 import shutil
 import sys
 import tempfile
+from pathlib import Path
 
 import pytest
 
 from hub_server import FakeHub
 
+CIFAR10 = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "cifar10_jpeg.npz"
 HF_HOME = tempfile.mkdtemp(prefix="vitviz-tests-hf-")
 HUB = FakeHub()
 
@@ -23,6 +25,16 @@ for variable in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HUB_OFFLINE", "TRA
                  "HF_HUB_ETAG_TIMEOUT", "HF_HUB_DOWNLOAD_TIMEOUT"):
     os.environ.pop(variable, None)
 os.environ.update(HF_HOME=HF_HOME, HF_ENDPOINT=HUB.url, HF_HUB_DISABLE_TELEMETRY="1")
+
+
+@pytest.fixture(scope="session")
+def cifar10_test():
+    """CIFAR-10's test split, from the team's shared data folder beside the repo."""
+    from vitviz.data import open_data
+
+    if not CIFAR10.is_file():
+        pytest.fail(f"CIFAR-10 data not found: expected {CIFAR10} (the team's shared data folder beside the repo)")
+    return open_data(CIFAR10, split="test")
 
 
 @pytest.fixture(scope="session")

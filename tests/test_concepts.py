@@ -20,6 +20,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from scipy.optimize import linear_sum_assignment
 
+from interrupting import Interrupting
 from vitviz import concepts
 from vitviz.concepts import BatchTopK, ConceptsError, Origin, Standard, TopK
 from vitviz.concepts.train import auxk, remove_parallel_gradient
@@ -277,20 +278,6 @@ def test_fvu_keeps_a_small_variance_under_a_large_offset():
 
 
 # ---- repeatable, resumable -------------------------------------------------------------------------------
-
-class Interrupting:
-    """A re-iterable list of batches that raises KeyboardInterrupt once, as its `at`-th batch overall is read."""
-
-    def __init__(self, batches, at):
-        self.batches, self.at, self.read = batches, at, 0
-
-    def __iter__(self):
-        for batch in self.batches:
-            self.read += 1
-            if self.read == self.at:
-                raise KeyboardInterrupt
-            yield batch
-
 
 def assert_same_dictionary(a, b):
     assert a.state_dict().keys() == b.state_dict().keys()

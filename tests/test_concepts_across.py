@@ -15,6 +15,7 @@ import pytest
 import torch
 from scipy.optimize import linear_sum_assignment
 
+from interrupting import Interrupting
 from vitviz import concepts
 from vitviz.concepts import BatchTopK, ConceptsError, Origin, TopK
 from vitviz.concepts.across import (
@@ -254,20 +255,6 @@ def test_metrics_refuse_unaligned_or_constant_activations_in_words():
 
 
 # ---- repeatable, resumable ----------------------------------------------------------------------------------
-
-class Interrupting:
-    """A re-iterable list of batches that raises KeyboardInterrupt once, as its `at`-th batch overall is read."""
-
-    def __init__(self, batches, at):
-        self.batches, self.at, self.read = batches, at, 0
-
-    def __iter__(self):
-        for batch in self.batches:
-            self.read += 1
-            if self.read == self.at:
-                raise KeyboardInterrupt
-            yield batch
-
 
 def assert_same_across(a: Across, b: Across):
     assert a.models == b.models and a.state_dict().keys() == b.state_dict().keys()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import itertools
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,18 +18,13 @@ from vitviz import hub
 from vitviz.concepts import ConceptsError, Origin, TopK
 from vitviz.concepts.activations import block_tokens
 from vitviz.concepts.match import MATCHES_FILE, MATRIX_FILE, Correlation, Matches, Side, assignment, match
-from vitviz.data import open_data
-
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "cifar10_jpeg.npz"
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
-def data():
-    if not DATA.is_file():
-        pytest.fail(f"CIFAR-10 data not found: expected {DATA} (the team's shared data folder beside the repo)")
-    return open_data(DATA, split="test")
+def data(cifar10_test):
+    return cifar10_test
 
 
 def random_dictionary(d: int, n: int, *, k: int, seed: int, origin: Origin | None = None) -> TopK:

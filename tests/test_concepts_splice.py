@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from contextlib import contextmanager
-from pathlib import Path
 
 import pytest
 import torch
@@ -29,18 +28,13 @@ from vitviz.concepts.splice import (
     token_rows,
     without_concepts,
 )
-from vitviz.data import open_data
-
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "cifar10_jpeg.npz"
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
-def data():
-    if not DATA.is_file():
-        pytest.fail(f"CIFAR-10 data not found: expected {DATA} (the team's shared data folder beside the repo)")
-    return open_data(DATA, split="test")
+def data(cifar10_test):
+    return cifar10_test
 
 
 def traced(name: str, data, count: int = 6):

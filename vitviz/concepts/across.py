@@ -666,11 +666,7 @@ def _manifest(path: Path) -> dict:
         manifest = json.loads(path.read_bytes())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ConceptsError(f"{path} is damaged: it is not valid JSON ({e}).") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise ConceptsError(f"{path} does not describe a {FORMAT} dictionary.")
-    if not isinstance(manifest.get("version"), int) or manifest["version"] > VERSION:
-        raise ConceptsError(f"{path} was written by a newer vitviz (format version {manifest.get('version')}; this "
-                            f"one reads up to {VERSION}): upgrade vitviz to read it.")
+    own.checked_format(manifest, path, format=FORMAT, version=VERSION, what="dictionary")
     entries, n = manifest.get("models"), manifest.get("n_concepts")
     if not isinstance(n, int) or not isinstance(manifest.get("kind"), str) or not isinstance(entries, list) or not all(
             isinstance(entry, dict) and all(isinstance(entry.get(key), str) for key in ("model", "file", "sha256"))

@@ -64,7 +64,7 @@ from ..image import ImageError, read_image
 from .activations import Cached
 from .align import Alignment
 from .dictionary import ConceptsError, Dictionary, Origin
-from .own import checksum
+from .own import checked_format, checksum, header_json
 
 FORMAT, VERSION = "vitviz-exemplars", 1
 FILE = "exemplars.safetensors"    # the file's name in a dictionary's folder
@@ -390,18 +390,5 @@ def _inconsistency(exemplars: Exemplars, header: dict) -> str | None:
 
 def _header(raw: bytes, path: Path) -> dict:
     """The vitviz JSON in a safetensors file's header, checked for its format and version."""
-    length = int.from_bytes(raw[:8], "little")
-    metadata = json.loads(raw[8:8 + length]).get("__metadata__") or {}
-    if HEADER_KEY not in metadata:
-        raise ConceptsError(f"{path} is a safetensors file, but not a vitviz exemplar index (its header has no "
-                            f"{HEADER_KEY!r} entry).")
-    try:
-        header = json.loads(metadata[HEADER_KEY])
-    except json.JSONDecodeError as e:
-        raise ConceptsError(f"{path}: its exemplar header is not valid JSON ({e}).") from None
-    if not isinstance(header, dict) or header.get("format") != FORMAT:
-        raise ConceptsError(f"{path}: its header does not describe a {FORMAT} index.")
-    if not isinstance(header.get("version"), int) or header["version"] > VERSION:
-        raise ConceptsError(f"{path} was written by a newer vitviz (format version {header.get('version')}; this one "
-                            f"reads up to {VERSION}): upgrade vitviz to read it.")
-    return header
+    return checked_format(header_json(raw, path, key=HEADER_KEY, what="exemplar index"), path, format=FORMAT,
+                          version=VERSION, what="index")

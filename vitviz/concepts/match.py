@@ -60,6 +60,7 @@ from ..models.trace import Trace
 from .activations import block_index, block_tokens, default_tokens
 from .align import Alignment, align, in_photo, token_rectangles
 from .dictionary import ConceptsError, Dictionary
+from .own import checked_format
 from .splice import image_batches
 
 if TYPE_CHECKING:
@@ -195,11 +196,7 @@ class Matches:
             saved = json.loads(path.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ConceptsError(f"{path} is damaged: it is not JSON ({e}).") from None
-        if not isinstance(saved, dict) or saved.get("format") != FORMAT:
-            raise ConceptsError(f"{path} is not a {FORMAT} file.")
-        if not isinstance(saved.get("version"), int) or saved["version"] > VERSION:
-            raise ConceptsError(f"{path} was written by a newer vitviz (version {saved.get('version')}; this one "
-                                f"reads up to {VERSION}): upgrade vitviz to read it.")
+        checked_format(saved, path, format=FORMAT, version=VERSION, what="file")
         try:
             pairs = torch.tensor([[a, b] for a, b, _ in saved["pairs"]], dtype=torch.long).reshape(-1, 2)
             correlation = torch.tensor([r for _, _, r in saved["pairs"]], dtype=torch.float64)

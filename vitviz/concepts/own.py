@@ -119,20 +119,32 @@ def refuse_non_finite(tensors: dict[str, Tensor], what: str) -> None:
 
 def _header(data: bytes, path: Path) -> dict:
     """The vitviz JSON in a safetensors file's header, checked for its format and version."""
+    return checked_format(header_json(data, path, key=HEADER_KEY, what="dictionary"), path, format=FORMAT,
+                          version=VERSION, what="dictionary")
+
+
+def header_json(data: bytes, path: Path, *, key: str, what: str):
+    """The JSON under `key` in the `__metadata__` of a safetensors file's header (`data`, the file's bytes), or a
+    ConceptsError naming the file as not a vitviz `what`."""
     length = int.from_bytes(data[:8], "little")
     metadata = json.loads(data[8:8 + length]).get("__metadata__") or {}
-    if HEADER_KEY not in metadata:
-        raise ConceptsError(f"{path} is a safetensors file, but not a vitviz dictionary (its header has no "
-                            f"{HEADER_KEY!r} entry).")
+    if key not in metadata:
+        raise ConceptsError(f"{path} is a safetensors file, but not a vitviz {what} (its header has no {key!r} "
+                            f"entry).")
     try:
-        header = json.loads(metadata[HEADER_KEY])
+        return json.loads(metadata[key])
     except json.JSONDecodeError as e:
         raise ConceptsError(f"{path}: its vitviz header is not valid JSON ({e}).") from None
-    if not isinstance(header, dict) or header.get("format") != FORMAT:
-        raise ConceptsError(f"{path}: its header does not describe a {FORMAT} dictionary.")
-    if not isinstance(header.get("version"), int) or header["version"] > VERSION:
-        raise ConceptsError(f"{path} was written by a newer vitviz (format version {header.get('version')}; "
-                            f"this one reads up to {VERSION}): upgrade vitviz to read it.")
+
+
+def checked_format(header, path: Path, *, format: str, version: int, what: str) -> dict:
+    """A vitviz file's header or manifest (parsed JSON), refused in words unless it is an object of `format` at
+    `version` or an earlier one (a later one asks for a newer vitviz)."""
+    if not isinstance(header, dict) or header.get("format") != format:
+        raise ConceptsError(f"{path}: it does not describe a {format} {what}.")
+    if not isinstance(header.get("version"), int) or header["version"] > version:
+        raise ConceptsError(f"{path} was written by a newer vitviz (format version {header.get('version')}; this "
+                            f"one reads up to {version}): upgrade vitviz to read it.")
     return header
 
 
