@@ -491,14 +491,20 @@ TOP_TABS = {"Tokens": "#tokens-tabs", "Attention": "#attention-tabs", "Explain a
 
 def open_tab(page, name: str, *, within: str | None = None) -> None:
     """Click a tab (of the tab bar `within`, default the page's), from its "More tabs" menu where the page is too
-    narrow to show it."""
+    narrow to show it: also where the bar, still laying itself out, moves the tab into that menu under the click
+    (the click then never lands, and Playwright would retry it until its timeout)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     bar = page.locator(within) if within else page
     tab = bar.get_by_role("tab", name=name)
     if tab.count() and tab.first.is_visible():
-        tab.first.click()
-    else:
-        bar.get_by_role("button", name="More tabs").first.click()   # the page's, before a sub-tab bar's own
-        bar.locator(".overflow-dropdown button", has_text=name).click()
+        try:
+            tab.first.click(timeout=5_000)
+            return
+        except PlaywrightTimeout:
+            pass
+    bar.get_by_role("button", name="More tabs").first.click()   # the page's, before a sub-tab bar's own
+    bar.locator(".overflow-dropdown button", has_text=name).click()
 
 
 def load_images(page, selector: str) -> None:
