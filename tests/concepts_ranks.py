@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
 
+from interrupting import Interrupting  # beside this script: its folder is on sys.path
 from vitviz import concepts
 from vitviz.concepts import ConceptsError, Dictionary
 from vitviz.distributed import ranks
@@ -44,20 +45,6 @@ def activations() -> torch.Tensor:
 def chunks(x: torch.Tensor) -> list[torch.Tensor]:
     """The tokens as a stream of 300-token chunks (the last one 93)."""
     return [x[i:i + 300] for i in range(0, len(x), 300)]
-
-
-class Interrupting:
-    """Re-iterable chunks that raise KeyboardInterrupt once, as the `at`-th chunk over all passes is read."""
-
-    def __init__(self, chunks: list[torch.Tensor], at: int):
-        self.chunks, self.at, self.read = chunks, at, 0
-
-    def __iter__(self):
-        for chunk in self.chunks:
-            self.read += 1
-            if self.read == self.at:
-                raise KeyboardInterrupt
-            yield chunk
 
 
 def write(out: Path, name: str, rank: int, dictionary: Dictionary) -> None:
