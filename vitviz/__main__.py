@@ -1,13 +1,14 @@
 """vitviz's command line.
 
     python -m vitviz explain PATH... --models vit-base cvt-13 --methods rollout grad-rollout chefer --out DIR
-    python -m vitviz evaluate --models vit-cifar10 cvt-cifar10 --data DIR|FILE.npz|cifar10-test --limit N --out DIR
-    python -m vitviz compare --models vit-cifar10 cvt-cifar10 --data DIR|FILE.npz|cifar10-test --limit N --out DIR
+    python -m vitviz evaluate --models vit-cifar10 cvt-cifar10 --data DIR|FILE.npz|cifar10 --limit N --out DIR
+    python -m vitviz compare --models vit-cifar10 cvt-cifar10 --data DIR|FILE.npz|cifar10 --limit N --out DIR
     python -m vitviz video CLIP.mp4... --models vit-base cvt-13 --methods rollout chefer --fps 8 --out DIR
     python -m vitviz anatomy MODEL --images DIR --out DIR
     python -m vitviz models
     python -m vitviz train --arch vit-cifar --out checkpoints/vit-cifar10
     python -m vitviz concepts train --models vit-cifar10 --block -1 --data FILE.npz --kind topk --k 32 --out DIR
+    python -m vitviz data cifar10 [--out FILE.npz]
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from tqdm import tqdm
 
 from . import catalog, explain, hub, render
 from .compare import TOKENS
-from .data import IMAGE_SUFFIXES, DataError
+from .data import CIFAR10_FILE, CIFAR10_VARIABLE, IMAGE_SUFFIXES, DataError, cached_cifar10, cifar10_file, make_cifar10
 from .distributed import ranks as process_ranks
 from .explain import METHODS
 from .export import (
@@ -41,6 +42,9 @@ from .export import (
 from .image import ImageError, read_image
 from .session import decode_side, explain_images, faithfulness_curves
 
+DATA_HELP = ("a folder (class sub-folders give labels), an .npz in the layout of cifar10_jpeg.npz, cifar10 (that "
+             "file where vitviz finds it: $VITVIZ_CIFAR10, ../shared/data/ beside the repository, ~/.cache/vitviz/; "
+             "`vitviz data cifar10` makes it) or cifar10-test (torchvision's test split)")
 SIZE_HELP = ("input size in px (square) to run the models at, resized and cropped by each checkpoint's own rule "
              "(default: the catalog's size, e.g. 224 for DINOv2, else the checkpoint's own)")
 
@@ -335,6 +339,22 @@ def cmd_train(args) -> int:
     return 0
 
 
+def cmd_data_cifar10(args) -> int:
+    """cifar10_jpeg.npz from the public download, and whether the lookup finds it where it was written."""
+    out = Path(args.out) if args.out else cached_cifar10()
+    if out.is_dir():
+        raise UsageError(f"--out {out} is a folder: give the file to write, e.g. {out / CIFAR10_FILE}")
+    made = make_cifar10(out)
+    try:
+        found = cifar10_file().resolve() == made.resolve()
+    except DataError:   # $VITVIZ_CIFAR10 names another file, and it is not there
+        found = False
+    where = ("--data cifar10 and the tests find it there" if found
+             else f"set {CIFAR10_VARIABLE}={made} for --data cifar10 and the tests to find it")
+    print(f"wrote {made} ({made.stat().st_size / 1e6:.0f} MB); {where}")
+    return 0
+
+
 def cmd_concepts_train(args) -> int:
     from .concepts import ConceptsError
     from .concepts.build import cache_layers, train_layers
@@ -470,8 +490,7 @@ def parser() -> argparse.ArgumentParser:
     v = sub.add_parser("evaluate", help="how faithful each method's maps are, over a data set (torchrun shards it)")
     v.add_argument("--models", nargs="+", default=list(catalog.BUNDLED_PAIR), help="catalog names, Hub ids or folders")
     v.add_argument("--methods", nargs="+", default=None, choices=list(METHODS), help="default: every method")
-    v.add_argument("--data", required=True, help="a folder (class sub-folders give labels), an .npz in the layout "
-                                                 "of cifar10_jpeg.npz, or cifar10-test (torchvision's)")
+    v.add_argument("--data", required=True, help=DATA_HELP)
     v.add_argument("--limit", type=int, default=None, help="at most this many images, spread evenly over the data")
     v.add_argument("--out", required=True, help="output folder: records, summary.json, summary.md, plots")
     v.add_argument("--resume", action="store_true", help="skip the images whose records are complete")
@@ -487,8 +506,7 @@ def parser() -> argparse.ArgumentParser:
     c = sub.add_parser("compare", help="CKA between every layer of two models over a data set (torchrun shards it)")
     c.add_argument("--models", nargs=2, default=list(catalog.BUNDLED_PAIR), metavar=("A", "B"),
                    help="two catalog names, Hub ids or folders")
-    c.add_argument("--data", required=True, help="a folder (class sub-folders give labels), an .npz in the layout "
-                                                 "of cifar10_jpeg.npz, or cifar10-test (torchvision's)")
+    c.add_argument("--data", required=True, help=DATA_HELP)
     c.add_argument("--limit", type=int, default=None, help="at most this many images, spread evenly over the data")
     c.add_argument("--out", required=True, help="output folder: cka.npz, three heatmaps, summary.json")
     c.add_argument("--tokens", default="mean", choices=TOKENS,
@@ -531,6 +549,15 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("rest", nargs=argparse.REMAINDER)
     t.set_defaults(run=cmd_train)
     concepts_parser(sub)
+    d = sub.add_parser("data", help="make the data sets vitviz reads")
+    data_sets = d.add_subparsers(dest="data_command", required=True)
+    made = ("make cifar10_jpeg.npz (what --data cifar10 and the tests read) from the public CIFAR-10 download "
+            "(about 170 MB; needs a network)")
+    cifar = data_sets.add_parser("cifar10", help=made, description=made[0].upper() + made[1:] + ".")
+    cifar.add_argument("--out", default=None, help="the file to write (default: cifar10_jpeg.npz in the user's "
+                                                   "cache, $XDG_CACHE_HOME/vitviz/ or ~/.cache/vitviz/, where vitviz "
+                                                   "looks last)")
+    cifar.set_defaults(run=cmd_data_cifar10)
     return p
 
 
@@ -551,8 +578,7 @@ def concepts_parser(sub) -> None:
                         "model or one per model (default: the last)")
     t.add_argument("--tokens", default=None, choices=CONCEPT_TOKENS,
                    help="which tokens: patch (default; a CNN's are its positions), cls, patch+cls")
-    t.add_argument("--data", required=True, help="a folder (class sub-folders give labels), an .npz in the layout "
-                                                 "of cifar10_jpeg.npz, or cifar10-test (torchvision's)")
+    t.add_argument("--data", required=True, help=DATA_HELP)
     t.add_argument("--split", default="train", help="the .npz's split to read (default: train)")
     t.add_argument("--limit", type=int, default=None, help="at most this many images, spread evenly over the data")
     t.add_argument("--kind", default="topk", choices=list(KINDS))
@@ -571,8 +597,7 @@ def concepts_parser(sub) -> None:
     x = commands.add_parser("exemplars", help="index each concept's top images (with its maps) over a data set, "
                                               "into the dictionary's folder, for the Concepts tab")
     x.add_argument("dictionary", help="the dictionary's folder (one model's, or one across models)")
-    x.add_argument("--data", required=True, help="a folder, an .npz in the layout of cifar10_jpeg.npz, or "
-                                                 "cifar10-test")
+    x.add_argument("--data", required=True, help=DATA_HELP)
     x.add_argument("--split", default="test", help="the .npz's split to read (default: test)")
     x.add_argument("--limit", type=int, default=None, help="at most this many images, spread evenly over the data")
     x.add_argument("--top", type=int, default=8, help="images kept per concept (default 8)")
@@ -584,8 +609,7 @@ def concepts_parser(sub) -> None:
                                              "agreement over held-out data; across models, the R² matrix and "
                                              "which concepts the models share")
     v.add_argument("dictionary", help="a dictionary (folder, file, catalog name or Hub id)")
-    v.add_argument("--data", required=True, help="a folder, an .npz in the layout of cifar10_jpeg.npz, or "
-                                                 "cifar10-test")
+    v.add_argument("--data", required=True, help=DATA_HELP)
     v.add_argument("--split", default="test", help="the .npz's split to read (default: test)")
     v.add_argument("--limit", type=int, default=None, help="at most this many images, spread evenly over the data")
     v.add_argument("--out", default=None, help="the report's file (default: metrics.json in the dictionary's folder)")
@@ -596,8 +620,7 @@ def concepts_parser(sub) -> None:
                                           "correlation of their maps at aligned cells (Hungarian)")
     h.add_argument("a", help="the first dictionary (folder, file, catalog name or Hub id)")
     h.add_argument("b", help="the second")
-    h.add_argument("--data", required=True, help="a folder, an .npz in the layout of cifar10_jpeg.npz, or "
-                                                 "cifar10-test")
+    h.add_argument("--data", required=True, help=DATA_HELP)
     h.add_argument("--split", default="test", help="the .npz's split to read (default: test)")
     h.add_argument("--limit", type=int, default=None, help="at most this many images, spread evenly over the data")
     h.add_argument("--out", required=True, help="output folder: matches.json (and with --matrix "

@@ -1,14 +1,17 @@
 """Image data sets for work over many images (training, evaluation): a folder, an .npz of JPEG bytes,
-or torchvision's CIFAR-10 test split, all read the same way.
+or torchvision's CIFAR-10 test split, all read the same way; and CIFAR-10 as an .npz, found or made.
 
-    data = open_data("../shared/data/cifar10_jpeg.npz")    # or a folder, or "cifar10-test"
+    data = open_data("cifar10")     # or an .npz, a folder, or "cifar10-test"
     len(data), data.classes, data.labels[0], data.image(0)  # PIL RGB image; ImageError if it will not decode
 
 - A folder: its image files, sorted. Class sub-folders give labels (the sub-folders' names, sorted,
   are the classes); a flat folder has none.
-- An .npz in the layout of `../shared/data/cifar10_jpeg.npz`: `<split>_bytes` (every image's encoded
-  bytes, concatenated), `<split>_offsets` (n + 1 byte offsets), optionally `<split>_labels` and
+- An .npz in the layout of `cifar10_jpeg.npz`: `<split>_bytes` (every image's encoded bytes,
+  concatenated), `<split>_offsets` (n + 1 byte offsets), optionally `<split>_labels` and
   `class_names`. Read with allow_pickle=False.
+- `cifar10`: that file for CIFAR-10, wherever `cifar10_file` finds it: `$VITVIZ_CIFAR10`, then
+  `../shared/data/cifar10_jpeg.npz` beside the repository (the team's copy), then the user's cache
+  (`~/.cache/vitviz/`). `vitviz data cifar10` (`make_cifar10`) makes it from the public download.
 - `cifar10-test`: torchvision's CIFAR-10 test split, downloaded once to `$TORCH_HOME/datasets`
   (~/.cache/torch/datasets) where there is a network. torchvision unpickles its batch files, and does
   so only after checking each file's published MD5, so only the official files are ever unpickled.
@@ -17,18 +20,30 @@ Images are decoded one at a time by `vitviz.image.read_image`, with every check 
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+import io
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 from PIL import Image
+from tqdm import tqdm
 
+from .export import write_atomic
 from .image import read_image
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp", ".tif", ".tiff", ".avif"}
 CIFAR10_TEST = "cifar10-test"
+CIFAR10 = "cifar10"                     # --data's name for the CIFAR-10 .npz, wherever `cifar10_file` finds it
+CIFAR10_FILE = "cifar10_jpeg.npz"
+CIFAR10_VARIABLE = "VITVIZ_CIFAR10"     # the path to the file, where it is kept elsewhere
+MAKE_CIFAR10 = "vitviz data cifar10"    # the command that makes it
+CIFAR10_JPEG_QUALITY = 75               # the team's copy's quality (Pillow's default, and its tables)
+TEAM_CIFAR10 = Path(__file__).resolve().parents[2] / "shared" / "data" / CIFAR10_FILE   # beside the repository
 
 
 class DataError(ValueError):
@@ -61,19 +76,22 @@ def spread(total: int, limit: int | None) -> list[int]:
 
 
 def open_data(spec: str | Path, *, split: str = "test") -> Dataset:
-    """A folder, an .npz file (its `split`) or 'cifar10-test'."""
+    """A folder, an .npz file (its `split`), 'cifar10' (the `split` of the file `cifar10_file` finds) or
+    'cifar10-test'."""
     if str(spec) == CIFAR10_TEST:
         return cifar10_test()
+    if str(spec) == CIFAR10:
+        return open_npz(spec, split=split)
     path = Path(spec)
     if path.is_dir():
         return open_folder(path)
     if path.is_file():
         if path.suffix.lower() != ".npz":
             raise DataError(f"--data {path} is a file but not an .npz: give a folder of images, an .npz in the "
-                            f"layout of cifar10_jpeg.npz, or {CIFAR10_TEST}")
+                            f"layout of {CIFAR10_FILE}, {CIFAR10} or {CIFAR10_TEST}")
         return open_npz(path, split=split)
     raise DataError(f"--data {path}: no such folder or file (give a folder of images, an .npz in the layout of "
-                    f"cifar10_jpeg.npz, or {CIFAR10_TEST})")
+                    f"{CIFAR10_FILE}, {CIFAR10} or {CIFAR10_TEST})")
 
 
 def open_folder(folder: Path) -> Dataset:
@@ -102,11 +120,12 @@ def open_folder(folder: Path) -> Dataset:
 
 def open_npz(path: str | Path, *, split: str = "test") -> Dataset:
     """The `split` of an .npz of JPEG bytes (the layout of cifar10_jpeg.npz) as a `Dataset`, read without
-    pickle and only that split's arrays; `DataError` says what is missing or inconsistent."""
-    path = Path(path)
+    pickle and only that split's arrays ('cifar10': the file `cifar10_file` finds); `DataError` says what is
+    missing or inconsistent."""
+    path = cifar10_file() if str(path) == CIFAR10 else Path(path)
     if not path.is_file():
-        raise DataError(f"{path}: no such file (the CIFAR-10 data is ../shared/data/cifar10_jpeg.npz beside the "
-                        f"repository)")
+        raise DataError(f"{path}: no such file (for CIFAR-10, --data {CIFAR10} finds {CIFAR10_FILE} where vitviz "
+                        f"keeps it, and `{MAKE_CIFAR10}` makes it)")
     needed = [f"{split}_bytes", f"{split}_offsets"]
     try:
         data = np.load(path, allow_pickle=False)
@@ -140,14 +159,90 @@ def open_npz(path: str | Path, *, split: str = "test") -> Dataset:
 def cifar10_test() -> Dataset:
     """torchvision's CIFAR-10 test split as a `Dataset`, downloaded once to `$TORCH_HOME/datasets`;
     `DataError` where it cannot be had (no network: pass the .npz instead)."""
-    from torchvision.datasets import CIFAR10
+    from torchvision.datasets import CIFAR10 as TorchvisionCIFAR10
 
     root = Path(torch.hub.get_dir()).parent / "datasets"
     try:
-        data = CIFAR10(root=str(root), train=False, download=True)
+        data = TorchvisionCIFAR10(root=str(root), train=False, download=True)
     except (OSError, RuntimeError) as e:   # no network, or a damaged download
         raise DataError(f"{CIFAR10_TEST}: could not get torchvision's CIFAR-10 into {root} ({e}); without a "
-                        f"network, pass the .npz instead (--data ../shared/data/cifar10_jpeg.npz)") from None
+                        f"network, pass the .npz instead (--data {CIFAR10})") from None
     return Dataset(name=CIFAR10_TEST, ids=tuple(f"test/{i}" for i in range(len(data))),
                    labels=tuple(int(t) for t in data.targets), classes=tuple(data.classes),
                    source=lambda i: Image.fromarray(data.data[i]))
+
+
+# ---------------------------------------------------------------- CIFAR-10 as an .npz of JPEG files: found or made
+
+def cached_cifar10() -> Path:
+    """cifar10_jpeg.npz in the user's cache, `$XDG_CACHE_HOME/vitviz/` (`~/.cache/vitviz/` without it): the last
+    place `cifar10_file` looks, and where `vitviz data cifar10` writes the file unless told otherwise."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vitviz" / CIFAR10_FILE
+
+
+def cifar10_file() -> Path:
+    """The CIFAR-10 .npz (the layout of cifar10_jpeg.npz), the first found of:
+
+    1. `$VITVIZ_CIFAR10`, the path to the file (set, it must name one);
+    2. `../shared/data/cifar10_jpeg.npz` beside the repository: the team's copy;
+    3. `cached_cifar10()`: `~/.cache/vitviz/cifar10_jpeg.npz`, where `vitviz data cifar10` writes it.
+
+    `DataError` where it is in none of them, naming the places and the command that makes it."""
+    chosen = os.environ.get(CIFAR10_VARIABLE)
+    if chosen:
+        if not Path(chosen).is_file():
+            raise DataError(f"{CIFAR10_VARIABLE}={chosen}: no such file. Point it at a {CIFAR10_FILE}, make one "
+                            f"there with `{MAKE_CIFAR10} --out {chosen}`, or unset it to use the copy beside the "
+                            f"repository or in your cache")
+        return Path(chosen)
+    found = next((path for path in (TEAM_CIFAR10, cached_cifar10()) if path.is_file()), None)
+    if found is None:
+        raise DataError(f"CIFAR-10 ({CIFAR10_FILE}) is in none of the places vitviz looks: ${CIFAR10_VARIABLE} "
+                        f"(not set), {TEAM_CIFAR10} (the team's copy beside the repository), {cached_cifar10()}. "
+                        f"Make it with `{MAKE_CIFAR10}` (downloads CIFAR-10, about 170 MB, and writes the last of "
+                        f"these), or put a copy in one of them")
+    return found
+
+
+def make_cifar10(out: str | Path) -> Path:
+    """cifar10_jpeg.npz made at `out` from the public CIFAR-10 download (torchvision's `CIFAR10`, about 170 MB,
+    fetched into a temporary folder beside `out` and removed after), in the team's copy's layout: per split
+    (`train`, 50,000 images; `test`, 10,000) `<split>_bytes` (uint8: every image as a JPEG file of quality 75,
+    concatenated), `<split>_offsets` (int64, n + 1: image i is `bytes[off[i]:off[i + 1]]`) and `<split>_labels`
+    (uint8), each split ordered by class (in the download's order within a class) as the team's copy is, and
+    `class_names` (10,). Written atomically, with progress on stderr. `DataError` where the download fails (no
+    network), saying where else the file can come from."""
+    from torchvision.datasets import CIFAR10 as TorchvisionCIFAR10
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".cifar10-download-", dir=out.parent) as download:
+        try:
+            splits = {split: TorchvisionCIFAR10(root=download, train=split == "train", download=True)
+                      for split in ("train", "test")}
+        except (OSError, RuntimeError) as e:   # no network (urllib's URLError is an OSError), a damaged download
+            raise DataError(f"Could not download CIFAR-10 from {TorchvisionCIFAR10.url} "
+                            f"({getattr(e, 'reason', None) or e}). Making {CIFAR10_FILE} needs a network. Without "
+                            f"one, copy a {CIFAR10_FILE} made elsewhere to {cached_cifar10()}, or put it anywhere "
+                            f"and set {CIFAR10_VARIABLE} to its path") from None
+        arrays = {name: array for split, data in splits.items()
+                  for name, array in jpeg_split(split, data.data, data.targets).items()}
+        arrays["class_names"] = np.array(splits["train"].classes)
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    write_atomic(out, buffer.getvalue())
+    return out
+
+
+def jpeg_split(split: str, images: np.ndarray, labels: Sequence[int]) -> dict[str, np.ndarray]:
+    """One split's arrays of cifar10_jpeg.npz from its pixels (n h w 3 uint8) and labels: the images as JPEG
+    files of `CIFAR10_JPEG_QUALITY`, ordered by class (stably)."""
+    order = np.argsort(np.asarray(labels), kind="stable")
+    files = []
+    for i in tqdm(order, desc=f"{split}: JPEG", unit="image", file=sys.stderr):
+        file = io.BytesIO()
+        Image.fromarray(images[i]).save(file, "JPEG", quality=CIFAR10_JPEG_QUALITY)
+        files.append(file.getvalue())
+    offsets = np.concatenate([[0], np.cumsum([len(f) for f in files])]).astype(np.int64)
+    return {f"{split}_bytes": np.frombuffer(b"".join(files), np.uint8), f"{split}_offsets": offsets,
+            f"{split}_labels": np.asarray(labels, np.uint8)[order]}

@@ -1,6 +1,6 @@
 """Train vitviz's own ViT, CvT or Swin on CIFAR-10 into a checkpoint folder `vitviz.load` reads.
 
-    python -m vitviz.train --arch vit-cifar --data ../shared/data/cifar10_jpeg.npz --out checkpoints/vit-cifar10
+    python -m vitviz.train --arch vit-cifar --out checkpoints/vit-cifar10    # --data: cifar10_jpeg.npz, found
 
 The usual small-data recipe: random crop with 4 px padding, horizontal flip, label smoothing,
 AdamW (or, for the ResNet, SGD with Nesterov momentum, as He et al. train it) with linear warm-up then
@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from .bundle import save_bundle
-from .data import DataError, open_npz, spread
+from .data import CIFAR10, DataError, open_npz, spread
 from .models import (
     FAMILIES,
     CvTConfig,
@@ -70,8 +70,9 @@ ARCHITECTURES = {
 
 def load_cifar10(path: str | Path, split: str,
                  limit: int | None = None) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
-    """-> (uint8 images n 3 32 32, int64 labels n, class names) from the shared JPEG npz; a limited
-    subset is spread evenly over the file, which is ordered by class."""
+    """-> (uint8 images n 3 32 32, int64 labels n, class names) from the CIFAR-10 JPEG npz (`path`, or 'cifar10':
+    the file `vitviz.data.cifar10_file` finds); a limited subset is spread evenly over the file, which is ordered by
+    class."""
     data = open_npz(path, split=split)
     if data.labels is None:
         raise DataError(f"{path}: training needs labels, and the file has no {split}_labels")
@@ -117,7 +118,9 @@ def evaluate(model, images, labels, transform: Transform, device, batch_size: in
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m vitviz.train", description=__doc__.split("\n\n")[0])
     p.add_argument("--arch", choices=sorted(ARCHITECTURES), required=True)
-    p.add_argument("--data", default="../shared/data/cifar10_jpeg.npz", help="the CIFAR-10 JPEG npz")
+    p.add_argument("--data", default=CIFAR10, help="the CIFAR-10 JPEG npz (default: cifar10, the file found at "
+                                                   "$VITVIZ_CIFAR10, ../shared/data/ beside the repository or "
+                                                   "~/.cache/vitviz/; `vitviz data cifar10` makes it)")
     p.add_argument("--out", required=True, help="checkpoint folder to write")
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--batch-size", type=int, default=128)
