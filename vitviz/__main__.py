@@ -551,9 +551,9 @@ def parser() -> argparse.ArgumentParser:
     concepts_parser(sub)
     d = sub.add_parser("data", help="make the data sets vitviz reads")
     data_sets = d.add_subparsers(dest="data_command", required=True)
-    made = ("make cifar10_jpeg.npz (what --data cifar10 and the tests read) from the public CIFAR-10 download "
-            "(about 170 MB; needs a network)")
-    cifar = data_sets.add_parser("cifar10", help=made, description=made[0].upper() + made[1:] + ".")
+    cifar_help = ("make cifar10_jpeg.npz (what --data cifar10 and the tests read) from the public CIFAR-10 "
+                  "download (about 170 MB; needs a network)")
+    cifar = data_sets.add_parser("cifar10", help=cifar_help, description=f"{cifar_help[0].upper()}{cifar_help[1:]}.")
     cifar.add_argument("--out", default=None, help="the file to write (default: cifar10_jpeg.npz in the user's "
                                                    "cache, $XDG_CACHE_HOME/vitviz/ or ~/.cache/vitviz/, where vitviz "
                                                    "looks last)")

@@ -1,7 +1,6 @@
 """Does CvT see like ViT? Centered kernel alignment (CKA) between every layer of two models over a data set.
 
-    python -m vitviz compare --models vit-cifar10 cvt-cifar10 --data ../shared/data/cifar10_jpeg.npz \\
-        --limit 1000 --out compare/
+    python -m vitviz compare --models vit-cifar10 cvt-cifar10 --data cifar10 --limit 1000 --out compare/
     torchrun --nproc_per_node=2 -m vitviz compare ...     (the same matrices, the batches split over the ranks)
 
 Linear CKA (Kornblith et al., ICML 2019). X (n p) and Y (n q) hold two representations of the same n

@@ -1,7 +1,6 @@
 """Which map can you trust? Faithfulness of every explanation method over a whole data set.
 
-    python -m vitviz evaluate --models vit-cifar10 cvt-cifar10 --data ../shared/data/cifar10_jpeg.npz \\
-        --limit 1000 --out eval/
+    python -m vitviz evaluate --models vit-cifar10 cvt-cifar10 --data cifar10 --limit 1000 --out eval/
     torchrun --nproc_per_node=2 -m vitviz evaluate ...      (the same results, the images split over the ranks)
 
 For every image, model and method of `explain.METHODS` (and a random map: uniform noise on the token
@@ -522,6 +521,6 @@ def leaderboard(name: str) -> tuple[str, np.ndarray | None]:
         return _drawn_leaderboard(name, path, path.stat().st_mtime_ns)
     shown = name if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/@-]{0,199}", name or "") else "MODEL"
     return (f"**{shown}** has no leaderboard yet. Make one with `python -m vitviz evaluate --models {shown} "
-            f"--data DIR --out eval/` (DIR: a folder of images, class sub-folders for labels; or an .npz like "
-            f"cifar10_jpeg.npz; or cifar10-test), then put `eval/{safe_name(shown)}/{SUMMARY}` beside its "
-            f"checkpoint.\n", None)
+            f"--data DIR --out eval/` (DIR: a folder of images, class sub-folders for labels; an .npz like "
+            f"cifar10_jpeg.npz; cifar10, that file where vitviz finds it; or cifar10-test), then put "
+            f"`eval/{safe_name(shown)}/{SUMMARY}` beside its checkpoint.\n", None)
