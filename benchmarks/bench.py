@@ -25,7 +25,8 @@ compute the same logits before they are timed. Checkpoints are random weights in
 `config.json` + `model.safetensors`, transformers' `save_pretrained`), written to a temporary folder and loaded
 through `vitviz.load`, as the app loads them; no network is used.
 
-This file is the entry point: the options, the areas and the loop over them. Each area is a module of
+This file is the entry point: the options, the areas and the loop over them. An area that fails prints one line
+(`<area> FAILED: ...`) and the others still run; the exit status is then 1. Each area is a module of
 `benchmarks/areas/` with a `measure(bench, items)` that prints its lines; `timing.py` times contenders and formats
 a line's parts, `workbench.py` holds a run's settings and the checkpoints and photos the areas share.
 """
@@ -36,6 +37,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import traceback
 from pathlib import Path
 
 import torch
@@ -110,9 +112,28 @@ def main(argv=None) -> None:
     with tempfile.TemporaryDirectory(prefix="vitviz-bench-") as tmp:
         bench = Bench(quick=args.quick, repeats=repeats, tmp=Path(tmp), device=torch.device(args.device),
                       autocast=args.autocast, clock=args.clock, batches=tuple(args.batches))
-        for measured, area in AREAS:
-            if items.intersection(measured):
-                area.measure(bench, items)
+        asked = [area for measured, area in AREAS if items.intersection(measured)]
+        failed = [area for area in asked if not measured_or_said(area, bench, items)]
+    if failed:
+        sys.exit(f"{len(failed)} area(s) failed: {', '.join(area_name(a) for a in failed)}")
+
+
+def area_name(area) -> str:
+    return area.__name__.rpartition(".")[2]
+
+
+def measured_or_said(area, bench: Bench, items: set[str]) -> bool:
+    """Run one area; if it fails, print one line saying where and why (its traceback to stderr) and go on, so one
+    broken area does not take the later ones with it."""
+    try:
+        area.measure(bench, items)
+        return True
+    except (Exception, SystemExit) as error:   # SystemExit: timing's refusal to time two that disagree
+        frame = traceback.extract_tb(error.__traceback__)[-1]
+        report(f"{area_name(area)} FAILED: {type(error).__name__}: {error} "
+               f"({Path(frame.filename).name}:{frame.lineno})")
+        traceback.print_exc()
+        return False
 
 
 if __name__ == "__main__":

@@ -12,7 +12,9 @@ tests/test_models.py. The stated tolerances:
   largest logit; every attention map within 1e-4 of our CPU trace's; every map of `explain.METHODS`
   (rollout, gradient rollout, Chefer, LeGrad, Grad-CAM, AttnLRP) within 1e-3 of the CPU's, relative to
   the map's largest magnitude.
-- bf16 autocast: logits within 3% of the float32 reference's largest logit, same top-1 class;
+- bf16 autocast: logits within 3% of the float32 reference's largest logit, and the same top-1 class
+  where float32's top-2 gap exceeds twice that bound (two logits may each move by it; in a closer race,
+  bf16's top-1 is a class float32 scores within that gap of its best);
   attention probabilities within 0.03; the rollout map the app draws within 2% of the CPU's float32
   map (relative to its maximum) and ranked alike (Spearman >= 0.99). bf16 autocast on the CPU gives
   0.7-0.9%, 0.009, 0.3% and 0.9999 for these models: the bounds leave room for other kernels.
@@ -89,14 +91,19 @@ def loaded(family: str, device: torch.device) -> LoadedModel:
                        transform, Source("folder", "-", "timm" if family == "vit" else "transformers", "-"))
 
 
+def on_host(x) -> torch.Tensor:
+    """A float32 CPU tensor of an array or a tensor on any device (`np.asarray` of a CUDA tensor raises)."""
+    return x.detach().float().cpu() if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x)).float()
+
+
 def relative_error(actual, expected) -> float:
-    actual, expected = (torch.as_tensor(np.asarray(x)).float().cpu() for x in (actual, expected))
+    actual, expected = on_host(actual), on_host(expected)
     scale = expected.abs().max()   # 0 for a map that is 0 everywhere (Grad-CAM's ReLU can leave nothing)
     return ((actual - expected).abs().max() / (scale if scale > 0 else 1)).item()
 
 
 def spearman(a, b) -> float:
-    ranks = [np.argsort(np.argsort(np.asarray(x).ravel())) for x in (a, b)]
+    ranks = [np.argsort(np.argsort(on_host(x).numpy().ravel())) for x in (a, b)]
     return float(np.corrcoef(*ranks)[0, 1])
 
 
@@ -133,7 +140,13 @@ def test_bf16_autocast_logits_and_attention_stay_close_to_float32(family, image)
     error = relative_error(fast, exact)
     assert error <= BF16_LOGITS, f"bf16 logits off by {error:.3g} of the largest logit"
     top2 = exact[0].topk(2).values
-    assert fast.argmax() == exact.argmax(), f"bf16 changed the top-1 class (float32 top-2 gap {top2[0] - top2[1]:.3g})"
+    # each of two logits may move by the bound, so bf16 can swap two classes closer than twice the bound
+    gap, reach = (top2[0] - top2[1]).item(), 2 * BF16_LOGITS * exact.abs().max().item()
+    if gap > reach:
+        assert fast.argmax() == exact.argmax(), f"bf16 changed the top-1 class (float32 top-2 gap {gap:.3g})"
+    else:   # a near tie may flip: then bf16's top-1 must be a class float32 scores within that reach of its best
+        behind = top2[0].item() - exact[0, fast.argmax()].item()
+        assert behind <= reach, f"bf16's top-1 is {behind:.3g} behind float32's, beyond bf16's reach {reach:.3g}"
     for i, (a, b) in enumerate(zip(trace.attentions, exact_trace.attentions)):
         error = (a.float() - b).abs().max().item()
         assert error <= BF16_ATTN, f"block {i}: bf16 attention off by {error:.3g}"

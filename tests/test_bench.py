@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 TIMES = r"[\d.]+ / [\d.]+ / [\d.]+ ms"
 RATIO = r"ratio [\d.]+ \(target <= [\d.]+\) (OK|MISSED)"
@@ -97,3 +99,34 @@ def test_quick_benchmark_prints_every_measurement_line_with_its_ratio_and_verdic
         assert len(matching) == 1, f"{prefix!r}: {len(matching)} lines in\n{done.stdout}"
         assert re.search(pattern, matching[0]), f"{matching[0]!r} does not match {pattern!r}"
     assert len(lines) == 1 + len(EXPECTED), done.stdout
+
+
+def test_an_area_that_fails_prints_one_line_and_the_later_areas_still_run(monkeypatch, capsys):
+    """A broken area (as `--only evaluate` once was on CUDA) must not take the areas after it with it."""
+    sys.path[:0] = [str(ROOT / "benchmarks")]
+    import bench
+
+    ran = []
+
+    class Broken:
+        __name__ = "areas.broken"
+
+        @staticmethod
+        def measure(bench, items):
+            raise ZeroDivisionError("float division by zero")
+
+    class Fine:
+        __name__ = "areas.fine"
+
+        @staticmethod
+        def measure(bench, items):
+            ran.append(sorted(items))
+
+    monkeypatch.setattr(bench, "AREAS", ((("forward",), Broken), (("cvt",), Fine)))
+    with pytest.raises(SystemExit) as exit:
+        bench.main(["--quick", "--only", "forward", "cvt"])
+    lines = capsys.readouterr().out.splitlines()
+    assert [line for line in lines if "FAILED" in line] == [
+        next(line for line in lines if line.startswith("broken FAILED: ZeroDivisionError: float division by zero"))]
+    assert ran == [["cvt", "forward"]]
+    assert "1 area(s) failed: broken" in str(exit.value)

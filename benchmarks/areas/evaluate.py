@@ -24,6 +24,7 @@ def measure(bench: Bench, items: set[str]) -> None:
     """`vitviz evaluate` (every method, all five tests) on the bundled pair against its floor: the images it
     sends through each model (counted by a forward hook) times one image's share of a batched forward."""
     from vitviz.data import Dataset
+    from vitviz.distributed import ranks
     from vitviz.evaluate import Settings, evaluate
     from vitviz.explain import METHODS
 
@@ -33,7 +34,9 @@ def measure(bench: Bench, items: set[str]) -> None:
     images = photos(16 if bench.quick else 64, (32, 32))
     data = Dataset(name="bench photos", ids=tuple(map(str, range(len(images)))), labels=None, classes=None,
                    source=images.__getitem__)
-    loaded = [vitviz.load(name, device=bench.device) for name in (vit, cvt)]
+    with ranks(bench.device) as process:   # evaluate's device ('cuda' becomes 'cuda:0'): the models it loads
+        device = process.device
+    loaded = [vitviz.load(name, device=device) for name in (vit, cvt)]
     forwarded = {m.name: 0 for m in loaded}
 
     def count(name):
@@ -52,6 +55,8 @@ def measure(bench: Bench, items: set[str]) -> None:
     finally:
         for hook in hooks:
             hook.remove()
+    if not all(forwarded.values()):
+        raise RuntimeError(f"the hooks counted {forwarded} images: evaluate ran other models than the ones hooked")
     per_image = {m.name: per_image_forward(bench, m.model, settings.forward_batch, m.transform.crop) for m in loaded}
     floor = sum(forwarded[name] * per_image[name] for name in forwarded)
     total = Timing(seconds)

@@ -132,13 +132,16 @@ from .train import (
     AUXK_ALPHA,
     DEAD_AFTER,
     K_AUX,
+    PROGRESS_EVERY,
     K,
+    TrainingProgress,
     _epoch,
     _head,
     _read_checkpoint,
     _write_checkpoint,
     auxk,
     remove_parallel_gradient,
+    shown,
 )
 
 EXPANSION = 8        # concepts per dimension of the widest model
@@ -287,7 +290,7 @@ def train_across(activations: Sequence[Activations], *, models: Sequence[str],
             dictionary.normalisation.fit(torch.cat(head)[:norm_tokens])
         across.to(device)
         position = {"epoch": 0, "batch": 0, "step": 0, "tokens": 0}
-        running = torch.zeros(4, dtype=torch.float64)   # the epoch's squared errors, spreads, codes > 0, tokens
+        running = torch.zeros(4, dtype=torch.float64, device=device)   # see TrainingProgress
         since_fired = torch.zeros(across.n_concepts, dtype=torch.int64, device=device)
     else:
         across = _initialised(settings, list(state["d"])).to(device)
@@ -298,6 +301,7 @@ def train_across(activations: Sequence[Activations], *, models: Sequence[str],
     if state is not None:
         optimizer.load_state_dict(state["optimizer"])
 
+    numbers = TrainingProgress(running.to(device), since_fired, settings["dead_after"])
     steps_per_epoch = math.ceil(count / batch_size) if count else None
     bar = tqdm(total=steps_per_epoch and steps_per_epoch * epochs, initial=position["step"],
                desc=f"{kind} dictionary across {len(models)} models", unit="step", file=sys.stderr,
@@ -310,21 +314,22 @@ def train_across(activations: Sequence[Activations], *, models: Sequence[str],
                 for group in optimizer.param_groups:
                     group["lr"] = lr * min(1.0, (position["step"] + 1) / warmup) if warmup > 0 else lr
                 source = position["step"] % len(models)
-                running += _step(across, optimizer, [x.to(device) for x in rows], source, since_fired, settings,
-                                 position["step"])
+                _step(across, optimizer, [x.to(device) for x in rows], source, numbers, settings, position["step"])
                 position["batch"] += 1
                 position["step"] += 1
                 position["tokens"] += len(rows[0])
                 bar.update()
-                bar.set_postfix(epoch=epoch + 1, FVU=f"{running[0] / running[1]:.4f}",
-                                L0=f"{running[2] / running[3]:.1f}", refresh=False)
-                if checkpoint and position["step"] % checkpoint_every == 0:
-                    _write_checkpoint(checkpoint, across, optimizer, settings, position, running, since_fired)
-            last_epoch = {"fvu": (running[0] / running[1]).item(), "l0": (running[2] / running[3]).item()}
+                due = checkpoint and position["step"] % checkpoint_every == 0
+                if due or position["step"] % PROGRESS_EVERY == 0:
+                    bar.set_postfix(epoch=epoch + 1, **shown(numbers.read()), refresh=False)
+                if due:
+                    _write_checkpoint(checkpoint, across, optimizer, settings, position, numbers.running, since_fired)
+            last_epoch = numbers.read()
+            bar.set_postfix(epoch=epoch + 1, **shown(last_epoch), refresh=False)
             position.update(epoch=epoch + 1, batch=0)
-            running = torch.zeros(4, dtype=torch.float64)
+            numbers.new_epoch()
             if checkpoint:
-                _write_checkpoint(checkpoint, across, optimizer, settings, position, running, since_fired,
+                _write_checkpoint(checkpoint, across, optimizer, settings, position, numbers.running, since_fired,
                                   last_epoch=last_epoch)
     if state is not None and position["epoch"] == state["position"]["epoch"]:
         last_epoch = state["last_epoch"]   # it had already finished: nothing trained now
@@ -336,11 +341,12 @@ def train_across(activations: Sequence[Activations], *, models: Sequence[str],
     return across.eval()
 
 
-def _step(across: Across, optimizer: torch.optim.Optimizer, rows: list[Tensor], source: int, since_fired: Tensor,
-          settings: dict, step: int) -> Tensor:
+def _step(across: Across, optimizer: torch.optim.Optimizer, rows: list[Tensor], source: int,
+          numbers: TrainingProgress, settings: dict, step: int) -> None:
     """One optimisation step: model `source`'s tokens of the aligned batch `rows` (one raw (t d_m) per model)
-    encoded and every model's reconstructed from its codes; -> the squared errors and spreads summed over the
-    models, codes > 0 and tokens, for the progress numbers. Updates `since_fired`."""
+    encoded and every model's reconstructed from its codes, adding the squared errors and spreads summed over the
+    models, codes > 0 and tokens to `numbers` and updating its tokens since each concept fired; nothing read back
+    from the device."""
     for dictionary, x in zip(across.per_model, rows):
         dictionary.check_width(x.shape[1])
     encoder = across.per_model[source]
@@ -349,13 +355,10 @@ def _step(across: Across, optimizer: torch.optim.Optimizer, rows: list[Tensor], 
     codes = encoder.training_activation(pre)
     errors = [target - dictionary.decode_normalised(codes) for dictionary, target in zip(across.per_model, normalised)]
     loss = sum(error.square().mean() for error in errors)
-    if settings["auxk_alpha"] and (dead := since_fired >= settings["dead_after"]).any():
-        loss = loss + settings["auxk_alpha"] * auxk(pre, errors[source].detach(), dead, encoder.W_dec,
-                                                    settings["k_aux"])
-    if not loss.isfinite():
-        where = "the activations hold NaN or infinite values" if not all(x.isfinite().all() for x in rows) else \
-            "the learning rate may be too high"
-        raise ConceptsError(f"Training diverged at step {step + 1}: the loss is {loss.item()} ({where}).")
+    if settings["auxk_alpha"] and (dead_at_most := numbers.may_be_dead()):
+        loss = loss + settings["auxk_alpha"] * auxk(pre, errors[source].detach(),
+                                                    numbers.since_fired >= settings["dead_after"], encoder.W_dec,
+                                                    min(settings["k_aux"], dead_at_most))
     optimizer.zero_grad(set_to_none=True)   # the other encoders then have no gradient, and Adam skips them
     loss.backward()
     firing = codes.detach() > 0
@@ -366,12 +369,14 @@ def _step(across: Across, optimizer: torch.optim.Optimizer, rows: list[Tensor], 
         for dictionary in across.per_model:
             dictionary.W_dec /= dictionary.W_dec.norm(dim=-1, keepdim=True)
         encoder.observe(codes.detach())
-        since_fired += len(pre)
-        since_fired[firing.any(0)] = 0
+        numbers.since_fired += len(pre)
+        numbers.since_fired.masked_fill_(firing.any(0), 0)
         spread = sum((target - target.mean(0)).square().sum() for target in normalised)
         squared_errors = sum(error.square().sum() for error in errors)
-        sums = (squared_errors, spread, firing.sum(), pre.new_tensor(len(pre)))
-        return torch.stack([value.double() for value in sums]).cpu()
+        sums = (squared_errors, spread, firing.sum(), pre.new_full((), len(pre)))
+        not_finite = sum((~x.isfinite()).sum() for x in rows)
+        numbers.add(torch.stack([value.double() for value in sums]), loss.detach().double(), not_finite.double(),
+                    step=step, tokens=len(pre))
 
 
 def _initialised(settings: dict, widths: list[int]) -> Across:

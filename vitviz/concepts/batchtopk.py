@@ -68,12 +68,11 @@ class BatchTopK(TopK):
 
     @torch.no_grad()
     def observe(self, codes: Tensor) -> None:
-        kept = codes[codes > 0]
-        own = kept.min().double() if kept.numel() else codes.new_tensor(torch.inf, dtype=torch.float64)
-        smallest = parallel.smallest(own)   # over the ranks' shares of the batch
-        if smallest.isinf():   # nothing kept anywhere
-            return
-        if self.threshold.item() == UNSET:
-            self.threshold.copy_(smallest)
-        else:
-            self.threshold.add_(self.threshold_rate * (smallest - self.threshold))
+        # the smallest kept code, over the ranks' shares of the batch (inf: nothing kept anywhere), folded into the
+        # threshold on the device: a branch on it would wait for the device every step
+        own = codes.masked_fill(codes <= 0, torch.inf).amin().double() if codes.numel() else \
+            codes.new_full((), torch.inf, dtype=torch.float64)   # a rank's share can be empty
+        smallest = parallel.smallest(own)
+        moved = torch.where(self.threshold == UNSET, smallest,
+                            self.threshold + self.threshold_rate * (smallest - self.threshold))
+        self.threshold.copy_(torch.where(smallest.isinf(), self.threshold, moved))

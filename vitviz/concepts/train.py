@@ -32,6 +32,15 @@ The normalisation (offset, scale) is estimated once, from the first `norm_tokens
 reads. A tensor's tokens are shuffled anew each epoch by a permutation drawn from (seed, epoch); an
 iterable is read in its own order, re-cut into batches of `batch_size` tokens.
 
+Nothing waits on the device per step. A GPU runs the steps queued behind each other; anything that reads a
+number back (`.item()`, `.cpu()`, a tensor in an `if`, a boolean mask) stops the host until the queue is empty.
+So the progress numbers, a loss that stopped being finite and the dead-concept counters stay on the device and
+are read together every `PROGRESS_EVERY` steps (`TrainingProgress`): a diverged run is refused at that read,
+naming the first step whose loss was not finite. Whether AuxK runs is decided on the host from the counters'
+last read: a concept can be dead now only if its count then plus the tokens trained since reaches `dead_after`,
+and the top k_aux is taken over that many (the concepts not dead are masked to -inf and give exactly 0), so
+the step computes what reading the counters every step would.
+
 Repeatable and resumable. The same activations, settings and seed give the same dictionary (on one
 device and thread count). With `checkpoint=PATH` the whole state (weights, Adam's moments, the
 position in the data, the dead-concept counters, the progress numbers) is written there every
@@ -82,6 +91,48 @@ L1 = 1.0            # the standard dictionary's L1 coefficient: SAELens's l1_coe
 K_AUX = 512          # Gao et al.'s k_aux
 AUXK_ALPHA = 1 / 32  # Gao et al.'s weight of AuxK
 DEAD_AFTER = 10_000_000   # tokens without firing after which a concept is dead (Gao et al.)
+PROGRESS_EVERY = 25  # steps between reads of the progress numbers (each read waits for the device's queue)
+
+
+class TrainingProgress:
+    """A training run's numbers kept on the device and read back every `PROGRESS_EVERY` steps: the epoch's running
+    sums (squared errors, spread, codes > 0, tokens), the first step whose loss was not finite (its loss and the
+    activations' non-finite entries then), and the tokens since each concept fired. Shared by `train` and
+    `across.train`."""
+
+    def __init__(self, running: Tensor, since_fired: Tensor, dead_after: int | None):
+        self.running, self.since_fired, self.dead_after = running, since_fired, dead_after
+        self.diverged = torch.zeros(3, dtype=torch.float64, device=running.device)  # step (0: none), loss, not finite
+        self.since_fired_read = since_fired.cpu().numpy()   # the counters as last read, and the tokens since
+        self.tokens_since_read = 0
+
+    def add(self, numbers: Tensor, loss: Tensor, not_finite: Tensor, *, step: int, tokens: int) -> None:
+        """A step's progress numbers, its whole batch's loss and the count of its non-finite activations."""
+        self.running += numbers
+        first = (self.diverged[0] == 0) & ~loss.isfinite()
+        now = torch.stack([torch.full_like(self.diverged[0], step + 1), loss.double(), not_finite.double()])
+        self.diverged = torch.where(first, now, self.diverged)
+        self.tokens_since_read += tokens
+
+    def may_be_dead(self) -> int:
+        """At most how many concepts are dead now (0: no AuxK this step), known on the host."""
+        if self.dead_after is None:
+            return 0
+        return int(np.count_nonzero(self.since_fired_read + self.tokens_since_read >= self.dead_after))
+
+    def read(self) -> dict:
+        """The epoch's FVU and L0 so far (one wait for the device); a ConceptsError if a step diverged."""
+        numbers = torch.cat([self.running, self.diverged, self.since_fired.double()]).tolist()
+        self.since_fired_read, self.tokens_since_read = np.array(numbers[7:], dtype=np.int64), 0
+        step, loss, not_finite = numbers[4:7]
+        if step:
+            where = "the activations hold NaN or infinite values" if not_finite else "the learning rate may be too high"
+            raise ConceptsError(f"Training diverged at step {int(step)}: the loss is {loss} ({where}).")
+        squared_errors, spread, fired, tokens = numbers[:4]
+        return {"fvu": squared_errors / spread if spread else math.nan, "l0": fired / tokens if tokens else math.nan}
+
+    def new_epoch(self) -> None:
+        self.running = torch.zeros_like(self.running)
 
 
 def train(activations: Activations, *, kind: str = "topk", k: int | None = None, expansion: int = 8,
@@ -136,7 +187,7 @@ def train(activations: Activations, *, kind: str = "topk", k: int | None = None,
         dictionary.normalisation.fit(torch.cat(head)[:norm_tokens])
         dictionary.to(device)
         position = {"epoch": 0, "batch": 0, "step": 0, "tokens": 0}
-        running = torch.zeros(4, dtype=torch.float64)   # the epoch's squared errors, spread, codes > 0, tokens
+        running = torch.zeros(4, dtype=torch.float64, device=device)   # see TrainingProgress
         since_fired = torch.zeros(dictionary.n_concepts, dtype=torch.int64, device=device)
     else:
         dictionary = _initialised(cls, None, settings, d=state["d"]).to(device)
@@ -150,6 +201,7 @@ def train(activations: Activations, *, kind: str = "topk", k: int | None = None,
         optimizer.load_state_dict(state["optimizer"])
 
     leader = parallel.rank() == 0
+    numbers = TrainingProgress(running.to(device), since_fired, None if cls.penalised else settings["dead_after"])
     steps_per_epoch = math.ceil(count / batch_size) if count else None
     bar = tqdm(total=steps_per_epoch and steps_per_epoch * epochs, initial=position["step"], desc=f"{kind} dictionary",
                unit="step", file=sys.stderr, disable=not (progress and leader), mininterval=1)
@@ -160,21 +212,24 @@ def train(activations: Activations, *, kind: str = "topk", k: int | None = None,
             for x in itertools.islice(stream, position["batch"], None):
                 for group in optimizer.param_groups:
                     group["lr"] = lr * min(1.0, (position["step"] + 1) / warmup) if warmup > 0 else lr
-                running += _step(dictionary, optimizer, parallel.share(x).to(device), since_fired, settings,
-                                 position["step"], tokens=len(x))
+                _step(dictionary, optimizer, parallel.share(x).to(device), numbers, settings, position["step"],
+                      tokens=len(x))
                 position["batch"] += 1
                 position["step"] += 1
                 position["tokens"] += len(x)
                 bar.update()
-                bar.set_postfix(epoch=epoch + 1, FVU=f"{running[0] / running[1]:.4f}",
-                                L0=f"{running[2] / running[3]:.1f}", refresh=False)
-                if checkpoint and leader and position["step"] % checkpoint_every == 0:
-                    _write_checkpoint(checkpoint, dictionary, optimizer, settings, position, running, since_fired)
-            last_epoch = {"fvu": (running[0] / running[1]).item(), "l0": (running[2] / running[3]).item()}
+                due = checkpoint and leader and position["step"] % checkpoint_every == 0
+                if due or position["step"] % PROGRESS_EVERY == 0:
+                    bar.set_postfix(epoch=epoch + 1, **shown(numbers.read()), refresh=False)
+                if due:
+                    _write_checkpoint(checkpoint, dictionary, optimizer, settings, position, numbers.running,
+                                      since_fired)
+            last_epoch = numbers.read()
+            bar.set_postfix(epoch=epoch + 1, **shown(last_epoch), refresh=False)
             position.update(epoch=epoch + 1, batch=0)
-            running = torch.zeros(4, dtype=torch.float64)
+            numbers.new_epoch()
             if checkpoint and leader:
-                _write_checkpoint(checkpoint, dictionary, optimizer, settings, position, running, since_fired,
+                _write_checkpoint(checkpoint, dictionary, optimizer, settings, position, numbers.running, since_fired,
                                   last_epoch=last_epoch)
     if state is not None and position["epoch"] == state["position"]["epoch"]:
         last_epoch = state["last_epoch"]   # it had already finished: nothing trained now
@@ -184,11 +239,16 @@ def train(activations: Activations, *, kind: str = "topk", k: int | None = None,
     return dictionary.eval()
 
 
-def _step(dictionary: Dictionary, optimizer: torch.optim.Optimizer, x: Tensor, since_fired: Tensor, settings: dict,
-          step: int, *, tokens: int) -> Tensor:
+def shown(progress: dict) -> dict:
+    """The progress bar's FVU and L0."""
+    return {"FVU": f"{progress['fvu']:.4f}", "L0": f"{progress['l0']:.1f}"}
+
+
+def _step(dictionary: Dictionary, optimizer: torch.optim.Optimizer, x: Tensor, numbers: TrainingProgress,
+          settings: dict, step: int, *, tokens: int) -> None:
     """One optimisation step on x (t d), this rank's share of a raw batch of `tokens` tokens (all of it in one
-    process); -> the whole batch's squared errors, spread (about its mean), codes > 0 and tokens, for the
-    progress numbers. Updates `since_fired` (tokens since each concept fired)."""
+    process), adding the whole batch's squared errors, spread (about its mean), codes > 0 and tokens to `numbers`
+    and updating its tokens since each concept fired; nothing read back from the device."""
     normalised = dictionary.normalisation(x)
     pre = dictionary.pre_activations(normalised)
     codes = dictionary.training_activation(pre)
@@ -197,21 +257,19 @@ def _step(dictionary: Dictionary, optimizer: torch.optim.Optimizer, x: Tensor, s
     squared_error = error.square().sum()
     with torch.no_grad():   # the whole batch's sums: AuxK's denominator, the fired concepts, the progress numbers
         exact = normalised.double()
-        sums = parallel.total(torch.cat([squared_error.double()[None], exact.square().sum()[None], exact.sum(0),
+        sums = parallel.total(torch.cat([squared_error.double()[None], exact.square().sum()[None],
+                                         (~x.isfinite()).sum().double()[None], exact.sum(0),
                                          (codes > 0).sum(0).double()]))
-    whole_squared_error, squares = sums[0], sums[1]
-    moments, fired = sums[2:2 + dictionary.d], sums[2 + dictionary.d:]   # fired: tokens each concept fired on
+    whole_squared_error, squares, not_finite = sums[0], sums[1], sums[2]
+    moments, fired = sums[3:3 + dictionary.d], sums[3 + dictionary.d:]   # fired: tokens each concept fired on
     loss = squared_error / (tokens * dictionary.d)
     if dictionary.penalised:
         loss = loss + settings["l1"] * codes.sum() / (tokens * dictionary.d)
-    elif settings["auxk_alpha"] and (dead := since_fired >= settings["dead_after"]).any():
-        loss = loss + settings["auxk_alpha"] * auxk(pre, error.detach(), dead, dictionary.W_dec, settings["k_aux"],
+    elif settings["auxk_alpha"] and (dead_at_most := numbers.may_be_dead()):
+        dead = numbers.since_fired >= settings["dead_after"]
+        loss = loss + settings["auxk_alpha"] * auxk(pre, error.detach(), dead, dictionary.W_dec,
+                                                    min(settings["k_aux"], dead_at_most),
                                                     residual_total=whole_squared_error)
-    whole_loss = parallel.total(loss.detach())
-    if not whole_loss.isfinite():
-        not_finite = parallel.total((~x.isfinite()).sum())
-        where = "the activations hold NaN or infinite values" if not_finite else "the learning rate may be too high"
-        raise ConceptsError(f"Training diverged at step {step + 1}: the loss is {whole_loss.item()} ({where}).")
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     parallel.sum_gradients(dictionary.parameters())   # each rank's share of the loss: summed, the whole batch's
@@ -220,19 +278,22 @@ def _step(dictionary: Dictionary, optimizer: torch.optim.Optimizer, x: Tensor, s
     with torch.no_grad():
         dictionary.W_dec /= dictionary.W_dec.norm(dim=-1, keepdim=True)
         dictionary.observe(codes.detach())
-        since_fired += tokens
-        since_fired[fired > 0] = 0
+        numbers.since_fired += tokens
+        numbers.since_fired.masked_fill_(fired > 0, 0)
         spread = squares - moments.square().sum() / tokens   # Σ‖x̃ - x̄‖² = Σ‖x̃‖² - ‖Σ x̃‖² / t
-        return torch.stack([whole_squared_error, spread, fired.sum(), sums.new_tensor(tokens)]).cpu()
+        numbers.add(torch.stack([whole_squared_error, spread, fired.sum(), sums.new_full((), tokens)]),
+                    parallel.total(loss.detach()), not_finite, step=step, tokens=tokens)
 
 
 def auxk(pre: Tensor, residual: Tensor, dead: Tensor, W_dec: Tensor, k_aux: int, *,
          residual_total: Tensor | None = None) -> Tensor:
     """Gao et al.'s AuxK: the residual (t d) reconstructed from the k_aux largest pre-activations (t n) among
-    the `dead` concepts (n), Σ‖e - ê‖² / Σ‖e‖². `residual_total` is the denominator Σ‖e‖² when the batch is
-    more than these tokens (under torchrun: the whole batch's, summed over the ranks); default this residual's."""
+    the `dead` concepts (n), Σ‖e - ê‖² / Σ‖e‖². `k_aux` at least the number dead: the others, masked to -inf,
+    give 0 (so the caller can choose it without reading `dead` back from the device). `residual_total` is the
+    denominator Σ‖e‖² when the batch is more than these tokens (under torchrun: the whole batch's, summed over the
+    ranks); default this residual's."""
     dead_pre = pre.masked_fill(~dead, -torch.inf)
-    revived = top_k_relu(dead_pre, min(k_aux, int(dead.sum())))
+    revived = top_k_relu(dead_pre, min(k_aux, len(dead)))
     total = residual.square().sum() if residual_total is None else residual_total.to(pre.dtype)
     return (residual - revived @ W_dec).square().sum() / total.clamp_min(torch.finfo(pre.dtype).tiny)
 
