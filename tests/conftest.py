@@ -15,7 +15,6 @@ import pytest
 
 from hub_server import FakeHub
 
-CIFAR10 = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "cifar10_jpeg.npz"
 HF_HOME = tempfile.mkdtemp(prefix="vitviz-tests-hf-")
 HUB = FakeHub()
 
@@ -28,13 +27,24 @@ os.environ.update(HF_HOME=HF_HOME, HF_ENDPOINT=HUB.url, HF_HUB_DISABLE_TELEMETRY
 
 
 @pytest.fixture(scope="session")
-def cifar10_test():
-    """CIFAR-10's test split, from the team's shared data folder beside the repo."""
+def cifar10_path() -> Path:
+    """cifar10_jpeg.npz where `vitviz.data.cifar10_file` finds it ($VITVIZ_CIFAR10, ../shared/data/ beside the repo,
+    the user's cache); where it is nowhere, the test fails with the lookup's words, which name the command that
+    makes it."""
+    from vitviz.data import DataError, cifar10_file
+
+    try:
+        return cifar10_file()
+    except DataError as e:
+        pytest.fail(str(e))
+
+
+@pytest.fixture(scope="session")
+def cifar10_test(cifar10_path):
+    """CIFAR-10's test split, from cifar10_jpeg.npz."""
     from vitviz.data import open_data
 
-    if not CIFAR10.is_file():
-        pytest.fail(f"CIFAR-10 data not found: expected {CIFAR10} (the team's shared data folder beside the repo)")
-    return open_data(CIFAR10, split="test")
+    return open_data(cifar10_path, split="test")
 
 
 @pytest.fixture(scope="session")

@@ -17,14 +17,7 @@ from vitviz.hub import clear_cache
 from vitviz.train import load_cifar10
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data" / "cifar10_jpeg.npz"
 CARDS = ROOT / "checkpoints" / "README.md"
-
-
-def cifar10(split: str, limit: int):
-    if not DATA.is_file():
-        pytest.fail(f"CIFAR-10 data not found: expected {DATA} (the team's shared data folder beside the repo)")
-    return load_cifar10(DATA, split, limit)
 
 
 @pytest.fixture
@@ -49,12 +42,12 @@ BUNDLED = [entry.name for entry in catalog.bundled()]
 
 
 @pytest.mark.parametrize("name", BUNDLED)
-def test_bundled_model_loads_offline_and_meets_its_model_card_on_1000_test_images(name, no_network):
+def test_bundled_model_loads_offline_and_meets_its_model_card_on_1000_test_images(name, no_network, cifar10_path):
     clear_cache()
     loaded = vitviz.load(name)
     assert loaded.source.layout == "vitviz" and loaded.labels == tuple(json.loads(
         (catalog.CATALOG[name].path / "config.json").read_text())["labels"])
-    images, labels, classes = cifar10("test", 1000)
+    images, labels, classes = load_cifar10(cifar10_path, "test", 1000)
     assert list(loaded.labels) == classes   # the class names come from the data file
     pixels = torch.cat([loaded.preprocess(Image.fromarray(im.permute(1, 2, 0).numpy())) for im in images])
     with torch.inference_mode():
@@ -89,12 +82,11 @@ def test_loading_the_bundled_models_in_a_fresh_process_imports_no_symbolic_maths
 
 
 @pytest.mark.parametrize("arch", ["vit-micro", "cvt-micro", "swin-micro", "resnet-micro"])
-def test_one_epoch_of_training_writes_a_loadable_checkpoint_and_resumes(arch, tmp_path):
+def test_one_epoch_of_training_writes_a_loadable_checkpoint_and_resumes(arch, tmp_path, cifar10_path):
     from vitviz.train import main
     out = tmp_path / arch
-    args = ["--arch", arch, "--data", str(DATA), "--out", str(out), "--epochs", "1", "--limit-train", "256",
+    args = ["--arch", arch, "--data", str(cifar10_path), "--out", str(out), "--epochs", "1", "--limit-train", "256",
             "--limit-test", "100", "--batch-size", "64", "--threads", "1"]
-    cifar10("test", 1)   # fails with a clear message when the data is missing
     main(args)
     log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in log] == [1] and 0 <= log[0]["test_acc"] <= 1

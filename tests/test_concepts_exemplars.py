@@ -30,9 +30,8 @@ from vitviz.concepts.exemplars import (
     save_exemplars,
 )
 from vitviz.concepts.own import checksum
-from vitviz.data import Dataset, open_data
+from vitviz.data import Dataset
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "cifar10_jpeg.npz"
 ORIGIN = Origin(model="synthetic", block=0, tokens="patch")
 
 
@@ -249,12 +248,11 @@ def test_a_damaged_or_inconsistent_file_is_refused_in_words(built, tmp_path, dam
         load_exemplars(path)
 
 
-def test_thumbnails_cost_about_a_kilobyte_for_a_cifar_image(one_torch_thread):
-    data = open_data(DATA, split="test")
+def test_thumbnails_cost_about_a_kilobyte_for_a_cifar_image(one_torch_thread, cifar10_test):
     dictionary = random_dictionary(0)
     codes = torch.zeros(64, 1, 6)
     codes[:, 0, :] = torch.arange(64, dtype=torch.float32)[:, None] + 1   # every concept: images 63, 62, ...
-    exemplars = build_exemplars(dictionary, [(torch.arange(64), codes)], data, grid=(1, 1), top=8)
+    exemplars = build_exemplars(dictionary, [(torch.arange(64), codes)], cifar10_test, grid=(1, 1), top=8)
     assert exemplars.images[0].tolist() == list(range(63, 55, -1))
     per_image = len(exemplars.thumbnail_jpeg) / len(exemplars.thumbnail_images)
     assert 600 < per_image < 1400
@@ -264,16 +262,15 @@ def test_thumbnails_cost_about_a_kilobyte_for_a_cifar_image(one_torch_thread):
 # ---- end to end on the bundled ViT ----------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def vit_layer(tmp_path_factory, one_torch_thread):
+def vit_layer(tmp_path_factory, one_torch_thread, cifar10_test):
     """(loaded, data, cached, dictionary): vit-cifar10's last block over 64 CIFAR-10 test images, and a small
     TopK dictionary trained on them."""
     loaded = hub.load("vit-cifar10", device="cpu")
-    data = open_data(DATA, split="test")
-    cached = cache_activations(loaded, data, block=-1, root=tmp_path_factory.mktemp("cache"), indices=range(64),
+    cached = cache_activations(loaded, cifar10_test, block=-1, root=tmp_path_factory.mktemp("cache"), indices=range(64),
                                progress=False)
     dictionary = concepts.train(cached.tokens(), kind="topk", k=4, expansion=2, epochs=1, progress=False,
                                 model="vit-cifar10", block=cached.block, tokens="patch")
-    return loaded, data, cached, dictionary
+    return loaded, cifar10_test, cached, dictionary
 
 
 def traced_codes(loaded, data, dictionary, indices) -> torch.Tensor:

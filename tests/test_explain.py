@@ -16,7 +16,6 @@ from vitviz.models import BlockTrace, CvT, CvTConfig, CvTStageConfig, Embedding,
 from vitviz.models.cvt import CVT_13
 
 REPO = Path(__file__).parents[1]
-CIFAR = REPO / "../shared/data/cifar10_jpeg.npz"
 FUSIONS = ("mean", "max", "min")
 
 
@@ -489,19 +488,18 @@ def test_each_step_removes_the_top_fraction_of_regions(unit, region):
 
 # ---------------------------------------------------------------- the bundled CIFAR-10 models
 
-def bundled_model_and_test_images(name: str, count: int = 100) -> tuple[nn.Module, torch.Tensor]:
-    """A bundled checkpoint and the first `count` CIFAR-10 test images, preprocessed for it."""
+def bundled_model_and_test_images(name: str, cifar10: Path, count: int = 100) -> tuple[nn.Module, torch.Tensor]:
+    """A bundled checkpoint and `count` CIFAR-10 test images of the file `cifar10`, spread over its classes,
+    preprocessed for it."""
     from vitviz.bundle import load_bundle
     from vitviz.train import load_cifar10
 
-    if not CIFAR.is_file():
-        pytest.fail(f"CIFAR-10 test data not found: expected {CIFAR.resolve()} (the shared cifar10_jpeg.npz)")
     folder = REPO / "checkpoints" / name
     if not (folder / "model.safetensors").is_file():
         pytest.fail(f"bundled checkpoint missing: expected {folder}/config.json + model.safetensors "
                     f"(python -m vitviz.train --arch {name.replace('10', '')} --out checkpoints/{name})")
     model, transform, _, _ = load_bundle(folder)
-    images, _, _ = load_cifar10(CIFAR, "test", count)
+    images, _, _ = load_cifar10(cifar10, "test", count)
     return model, transform.normalize(images.float() / 255)
 
 
@@ -512,8 +510,8 @@ def random_deletion_auc(model: nn.Module, pixels: torch.Tensor, like: torch.Tens
 
 
 @pytest.mark.parametrize("name", ["vit-cifar10", "cvt-cifar10"])
-def test_every_methods_deletion_auc_is_lower_than_random_on_the_bundled_models(name):
-    model, pixels = bundled_model_and_test_images(name)
+def test_every_methods_deletion_auc_is_lower_than_random_on_the_bundled_models(name, cifar10_path):
+    model, pixels = bundled_model_and_test_images(name, cifar10_path)
     random = None
     for method in explain.METHODS.values():
         saliency = method.maps(model, pixels, None).detach()   # each image's top class
