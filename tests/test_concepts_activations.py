@@ -105,6 +105,34 @@ def test_unreadable_images_are_skipped_and_counted(vit, tmp_path):
     assert images.tolist() == [0, 1, 2] and sizes.tolist() == [[32, 32]] * 3
 
 
+def test_the_pipelined_cache_writes_the_shards_a_plain_loop_writes_bit_for_bit(vit, tmp_path, monkeypatch):
+    """DataLoader workers, the background writer and the shards' runs give the same files as decoding,
+    tracing and saving image run by image run in one thread (the reference, written out here)."""
+    from safetensors.torch import load as load_tensors
+
+    images = photos(7)
+    broken = 3
+    data = Dataset(name="photos with a broken one", ids=tuple(map(str, range(7))), labels=None, classes=None,
+                   source=lambda i: b"not an image at all" if i == broken else images[i])
+    monkeypatch.setattr("vitviz.concepts.activations.SHARD_IMAGES", 4)
+    shards = {workers: [load_tensors(shard.read_bytes()) for shard in cache_activations(
+        vit, data, block=-1, root=tmp_path / f"workers-{workers}", progress=False, batch_size=3,
+        workers=workers).shards] for workers in (0, 2)}
+    for plain, piped in zip(*shards.values(), strict=True):
+        assert plain.keys() == piped.keys() and all(torch.equal(plain[k], piped[k]) for k in plain)
+    for shard, chunk in zip(shards[2], ([0, 1, 2, 3], [4, 5, 6]), strict=True):   # the loop before the pipeline
+        rows, kept = [], []
+        for start in range(0, len(chunk), 3):
+            run = [i for i in chunk[start:start + 3] if i != broken]
+            if not run:   # [3]: a run with nothing that decodes
+                continue
+            with torch.inference_mode():
+                trace = vit.model.trace(torch.cat([vit.preprocess(images[i]) for i in run]), attention=False)
+            rows.append(block_tokens(trace, -1, "patch").float())
+            kept += run
+        assert torch.equal(shard["tokens"], torch.cat(rows)) and shard["images"].tolist() == kept
+
+
 def test_a_damaged_shard_is_refused_in_words(vit, tmp_path):
     cached = cache_activations(vit, in_memory(photos(2)), block=-1, root=tmp_path, progress=False)
     cached.shards[0].write_bytes(cached.shards[0].read_bytes()[:100])

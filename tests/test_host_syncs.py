@@ -56,3 +56,26 @@ def test_the_dead_concepts_auxk_revives_are_the_ones_reading_every_step_would_fi
     exact = auxk(pre, residual, dead, W_dec, 3)   # k = the number dead
     assert torch.equal(auxk(pre, residual, dead, W_dec, 8), exact)   # a bound above it: the others masked to 0
     assert torch.equal(auxk(pre, residual, dead, W_dec, 512), exact)
+
+
+def test_caching_activations_never_waits_for_the_device_per_batch(tmp_path):
+    """The loop that drives the traced forwards reads nothing back: 6 more batches, no more waits (the
+    background writer waits for each shard's copies; the probe and the cache's key are before the loop)."""
+    from PIL import Image
+
+    from vitviz import hub
+    from vitviz.concepts.activations import cache_activations
+    from vitviz.data import Dataset
+
+    vit = hub.load("vit-cifar10", device="cpu")
+    g = torch.Generator().manual_seed(0)
+    images = [Image.fromarray(torch.randint(0, 256, (32, 32, 3), generator=g, dtype=torch.uint8).numpy())
+              for _ in range(16)]
+    counts = {}
+    for n in (4, 16):
+        data = Dataset(name=f"{n} photos", ids=tuple(map(str, range(n))), labels=None, classes=None,
+                       source=images.__getitem__)
+        with counting() as calls:
+            cache_activations(vit, data, block=-1, root=tmp_path, batch_size=2, progress=False)
+        counts[n] = sum(calls.values())
+    assert counts[16] == counts[4], counts

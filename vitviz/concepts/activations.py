@@ -23,6 +23,14 @@ one writes only the missing ones; a second call with the same key reads everythi
 do not decode are skipped and counted (`Cached.skipped`). Under torchrun shard k is made by rank
 k % world_size (the ranks need one shared disk) and every rank waits for all of them before reading.
 
+Caching is a pipeline, so the device never waits for the host: images are decoded and preprocessed in
+`torch.utils.data.DataLoader` workers (into pinned memory on a GPU, copied to it without blocking), the traced
+forwards run on the device, their tokens come back by non-blocking copies, and a background thread waits for
+them and writes each shard. The batches are the ones a plain loop would make (each shard's images in runs of
+`batch_size`, those that do not decode dropped from their run), so the shards are the same bit for bit.
+`workers` defaults to none on the CPU (the forwards use every core; decoding there costs little beside them)
+and to up to 8 with a GPU.
+
 Each shard holds `tokens` (images n d, float32, as the model computed them), `images` (their indices in the
 data) and `sizes` (each image's h, w before preprocessing, for aligning grids: `align.py`); `layer.json` says
 what the folder holds, with each grid token's rectangle in the model's input pixels.
@@ -31,7 +39,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import multiprocessing
+import os
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -171,10 +182,11 @@ def preprocessing(loaded) -> dict:
 
 def cache_activations(loaded, data: Dataset, *, block: int, tokens: str | None = None, root: str | Path,
                       indices: Sequence[int] | None = None, batch_size: int = 128, ranks: Ranks | None = None,
-                      progress: bool = True) -> Cached:
+                      workers: int | None = None, progress: bool = True) -> Cached:
     """The tokens of `tokens` kind (default: `default_tokens`) that `block` of a loaded model puts out for the
     images `indices` of `data` (default all), made once into the cache under `root` and read from there after.
-    A progress bar (stderr) counts the images; `ranks` (from `distributed.ranks()`) shares the shards out."""
+    A progress bar (stderr) counts the images; `ranks` (from `distributed.ranks()`) shares the shards out;
+    `workers` decode and preprocess (default: none on the CPU, up to 8 with a GPU)."""
     indices = list(range(len(data))) if indices is None else list(indices)
     if not indices:
         raise ConceptsError("There are no images to read activations from.")
@@ -195,8 +207,8 @@ def cache_activations(loaded, data: Dataset, *, block: int, tokens: str | None =
     bar = tqdm(total=sum(len(chunk) for chunk, _ in mine), desc=f"activations of {loaded.name} block {index}",
                unit="image", disable=not progress or not mine, mininterval=1)
     with bar:
-        for chunk, shard in mine:
-            _write_shard(shard, loaded, data, chunk, index, tokens, batch_size, empty, bar.update)
+        _write_shards(mine, loaded, data, index, tokens, batch_size, empty, default_workers(loaded.device, workers),
+                      bar.update)
     ranks.gather("")   # a barrier: every rank's shards are on disk
     geometry = _geometry(probe, index, tokens)
     description = {**layer, "key": key, "d": empty[1], "tokens_per_image": empty[0], **geometry}
@@ -220,27 +232,85 @@ def _geometry(trace: Trace, index: int, tokens: str) -> dict:
             "rectangles": token_rectangles(trace, index).tolist() if tokens != "cls" else []}
 
 
-def _write_shard(shard: Path, loaded, data: Dataset, chunk: Sequence[int], index: int, tokens: str,
-                 batch_size: int, empty: tuple[int, int], advance: Callable[[int], None]) -> None:
-    """One shard: the chunk's images through the model in batches, the unreadable ones skipped (`empty`: the
-    n, d of a shard with no image)."""
-    rows, kept, sizes = [], [], []
-    for start in range(0, len(chunk), batch_size):
-        pixels = []
-        for i in chunk[start:start + batch_size]:
-            try:
-                image = data.image(i)
-            except ImageError:
-                continue
-            pixels.append(loaded.preprocess(image))
-            kept.append(i)
-            sizes.append((image.height, image.width))
-        if pixels:
-            with torch.inference_mode():
-                trace = loaded.model.trace(torch.cat(pixels), attention=False)
-                rows.append(block_tokens(trace, index, tokens).float().cpu().contiguous())
-        advance(len(chunk[start:start + batch_size]))
-    tensors = {"tokens": torch.cat(rows) if rows else torch.zeros(0, *empty),
+def default_workers(device: torch.device, workers: int | None) -> int:
+    """DataLoader workers for caching: as asked, else none on the CPU and up to 8 beside a GPU; none where
+    processes cannot be forked (they inherit the data set instead of pickling it)."""
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return 0
+    if workers is not None:
+        return workers
+    return 0 if device.type == "cpu" else max(0, min(8, (os.cpu_count() or 1) - 1))
+
+
+class _Decoded(torch.utils.data.Dataset):
+    """The images of a data set by index, decoded and preprocessed (None for one that does not decode)."""
+
+    def __init__(self, data: Dataset, preprocess: Callable):
+        self.data, self.preprocess = data, preprocess
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, i: int) -> tuple[Tensor, int, tuple[int, int]] | None:
+        try:
+            image = self.data.image(i)
+        except ImageError:
+            return None
+        return self.preprocess(image), i, (image.height, image.width)
+
+
+def _batch(decoded: list) -> tuple[Tensor | None, list[int], list[tuple[int, int]], int]:
+    """A run of decoded images -> (pixels of those that decoded, their indices, their sizes, the run's length)."""
+    kept = [item for item in decoded if item is not None]
+    pixels = torch.cat([item[0] for item in kept]) if kept else None
+    return pixels, [item[1] for item in kept], [item[2] for item in kept], len(decoded)
+
+
+def _write_shards(mine: Sequence[tuple[Sequence[int], Path]], loaded, data: Dataset, index: int, tokens: str,
+                  batch_size: int, empty: tuple[int, int], workers: int, advance: Callable[[int], None]) -> None:
+    """Each (chunk, shard): the chunk's images through the model in runs of `batch_size` (the unreadable ones
+    dropped; `empty`: the n, d of a shard with no image), the shard written by a background thread."""
+    runs = [(number, chunk[start:start + batch_size]) for number, (chunk, _) in enumerate(mine)
+            for start in range(0, len(chunk), batch_size)]
+    if not runs:
+        return
+    on_gpu = loaded.device.type == "cuda"
+    loader = torch.utils.data.DataLoader(
+        _Decoded(data, loaded.preprocess), batch_sampler=[run for _, run in runs], collate_fn=_batch,
+        num_workers=workers, pin_memory=on_gpu, prefetch_factor=4 if workers else None,
+        multiprocessing_context="fork" if workers else None)
+    last_run = {number: position for position, (number, _) in enumerate(runs)}   # where each shard is complete
+    parts: list[tuple[Tensor, list[int], list[tuple[int, int]]]] = []
+    written: Future | None = None
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="vitviz-shards") as writer:
+        for position, ((number, _), (pixels, kept, sizes, asked)) in enumerate(zip(runs, loader)):
+            if pixels is not None:
+                with torch.inference_mode():
+                    trace = loaded.model.trace(pixels.to(loaded.device, non_blocking=True), attention=False)
+                    # non-blocking into pinned memory on a GPU: the writer waits for the copy, not this loop
+                    parts.append((block_tokens(trace, index, tokens).float().to("cpu", non_blocking=on_gpu),
+                                  kept, sizes))
+            advance(asked)
+            if position == last_run[number]:
+                copied = torch.cuda.Event() if on_gpu else None
+                if copied is not None:
+                    copied.record()
+                if written is not None:
+                    written.result()   # one shard in the writer's hands at a time: memory stays bounded
+                written = writer.submit(_write_shard, mine[number], parts, copied, empty)
+                parts = []
+        if written is not None:
+            written.result()
+
+
+def _write_shard(job: tuple[Sequence[int], Path], parts: list, copied, empty: tuple[int, int]) -> None:
+    """A shard's file from its runs' tokens, once the device has copied them (`copied`: a CUDA event)."""
+    chunk, shard = job
+    if copied is not None:
+        copied.synchronize()
+    kept = [i for _, indices, _ in parts for i in indices]
+    sizes = [size for _, _, run_sizes in parts for size in run_sizes]
+    tensors = {"tokens": torch.cat([rows for rows, _, _ in parts]).contiguous() if parts else torch.zeros(0, *empty),
                "images": torch.tensor(kept, dtype=torch.int64),
                "sizes": torch.tensor(sizes, dtype=torch.int32).reshape(-1, 2)}
     write_atomic(shard, save_tensors(tensors, metadata={"images": str(len(kept)), "asked": str(len(chunk))}))
