@@ -4,7 +4,7 @@
 # runs/activations and is shared by the commands that read the same layer (the across dictionary reads the four
 # last-block caches the single ones made).
 set -euo pipefail
-DATA=${DATA:-../shared/data/cifar10_jpeg.npz}
+DATA=${DATA:-cifar10}   # cifar10_jpeg.npz where vitviz finds it (../shared/data/ here; vitviz data cifar10 makes it)
 OUT=${OUT:-checkpoints/concepts}
 train() { python -m vitviz concepts train --data "$DATA" --limit 20000 --kind topk --k 16 --expansion 4 "$@"; }
 # the ViT's and the CvT's classifiers read the last block's class token alone: with it in the dictionary, removing a

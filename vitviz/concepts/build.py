@@ -1,7 +1,7 @@
 """What `python -m vitviz concepts train` does: a data set through each model into the activation cache, the
 models' grids aligned where there are two or more, one dictionary trained on them, written to a folder.
 
-    python -m vitviz concepts train --models vit-cifar10 --block -1 --data cifar10_jpeg.npz --kind topk --k 32 \\
+    python -m vitviz concepts train --models vit-cifar10 --block -1 --data cifar10 --kind topk --k 32 \\
         --expansion 8 --out DIR
     python -m vitviz concepts train --models vit-cifar10 cvt-cifar10 ... --out DIR   # one dictionary across both
 
