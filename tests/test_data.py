@@ -48,11 +48,12 @@ def jpeg(picture: np.ndarray) -> bytes:
 def places(tmp_path, monkeypatch):
     """The three places of the lookup in a temporary folder, all empty: (the variable's file, the team's copy, the
     user's cache)."""
+    chosen, team, cache = (tmp_path / folder / "cifar10_jpeg.npz" for folder in ("elsewhere", "shared/data",
+                                                                                  "cache/vitviz"))
     monkeypatch.delenv(data.CIFAR10_VARIABLE, raising=False)
-    monkeypatch.setattr(data, "TEAM_CIFAR10", tmp_path / "shared" / "data" / "cifar10_jpeg.npz")
+    monkeypatch.setattr(data, "TEAM_CIFAR10", team)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    return tmp_path / "elsewhere" / "cifar10_jpeg.npz", data.TEAM_CIFAR10, tmp_path / "cache" / "vitviz" / \
-        "cifar10_jpeg.npz"
+    return chosen, team, cache
 
 
 def put(path):
