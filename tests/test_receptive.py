@@ -119,6 +119,5 @@ def test_a_stack_of_3x3_convolutions_reads_nothing_outside_its_theoretical_field
 def test_the_radii_hold_their_share_of_the_mass():
     values = torch.zeros(1, 9, 9)
     values[0, 4, 4], values[0, 4, 6] = 1.0, 1.0   # half at the centre, half 2 px to the right
-    r50 = explain.receptive.radius(values, torch.tensor([[4.5, 4.5]]), 0.5)
-    r90 = explain.receptive.radius(values, torch.tensor([[4.5, 4.5]]), 0.9)
-    assert float(r50) == 0.0 and float(r90) == 2.0
+    [[r50, r90]] = explain.receptive.radii(values, [(4.5, 4.5)], (0.5, 0.9)).tolist()
+    assert r50 == 0.0 and r90 == 2.0

@@ -21,10 +21,13 @@ input's shorter side. A map with no mass (a block the centre token does not depe
 
 Cost: one traced forward that keeps the graph, then one backward per block from its centre token to the
 pixels (autograd runs only the part of the graph below that block), so every block's map costs about
-as much as hooks and `torch.autograd.grad` on a reference model.
+as much as hooks and `torch.autograd.grad` on a reference model. Nothing waits for a GPU per block: the
+centre token is found from the geometry on the host (`centre_token`), every block's radii are computed
+together on the maps' device, and they are read back once, at the end.
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -32,7 +35,7 @@ import torch
 from torch import Tensor, nn
 
 from ..models.trace import Trace
-from .distance import token_centres
+from .distance import stage_axis
 
 
 @dataclass
@@ -43,7 +46,7 @@ class ReceptiveField:
     maps: Tensor        # blocks H W, the mean over the batch of sum_channels |dy / dx|
     r50: Tensor         # blocks, input pixels: the radius around the centre token holding 50 % of the map's mass
     r90: Tensor         # blocks, input pixels: 90 %
-    centres: Tensor     # blocks 2, the centre token's receptive-field centre (y, x) in input pixels
+    centres: Tensor     # blocks 2 (host), the centre token's receptive-field centre (y, x) in input pixels
     input_size: tuple[int, int]
 
     @property
@@ -53,56 +56,68 @@ class ReceptiveField:
         return self.r50 / side, self.r90 / side
 
 
-def centre_token(trace: Trace, index: int) -> tuple[int, Tensor]:
-    """(position of the grid token nearest the input's centre in block `index`'s token sequence, its centre (y, x))."""
+def centre_token(trace: Trace, index: int) -> tuple[int, tuple[float, float]]:
+    """(position of the grid token nearest the input's centre in block `index`'s token sequence, its centre (y, x)
+    in input pixels), from the geometry alone: no tensor is read, so nothing waits for a GPU.
+
+    The centres of a grid's tokens are a * i + c on both axes (`distance.stage_axis`), so the distance to the
+    input's centre is smallest where it is smallest on each axis apart; the first of equally near tokens is the
+    first row and column of equally near ones (row-major order)."""
     block = trace.blocks[index]
-    centres, _ = token_centres(trace, index)   # (h w) 2, input pixels
-    middle = centres.new_tensor([trace.input_size[0] / 2, trace.input_size[1] / 2])
-    nearest = int((centres - middle).norm(dim=-1).argmin())   # argmin: the first of equally near tokens
-    return block.prefix + nearest, centres[nearest]
+    a, c = stage_axis(trace, block.stage)
+    (rows, cols), (height, width) = block.query_grid, trace.input_size
+    row = min(range(rows), key=lambda i: abs(a * i + c - height / 2))   # min: the first of equally near
+    col = min(range(cols), key=lambda j: abs(a * j + c - width / 2))
+    return block.prefix + row * cols + col, (a * row + c, a * col + c)
 
 
-def radius(maps: Tensor, centres: Tensor, share: float) -> Tensor:
-    """blocks H W maps, blocks 2 centres (y, x) -> blocks: the distance whose disc holds `share` of each map's mass
-    (the pixels' order by distance is computed once per centre: a stage's blocks share theirs)."""
+@functools.lru_cache(maxsize=16)
+def pixels_by_distance(size: tuple[int, int], centre: tuple[float, float],
+                       device: torch.device) -> tuple[Tensor, Tensor]:
+    """(n distances, n pixel indices): a size[0] x size[1] input's pixels (row-major) sorted by the distance of
+    their centres from `centre` (y, x), ties in reading order; float64, on `device`, made once per geometry."""
+    with torch.inference_mode(False):   # kept and reused, also by passes that keep a graph
+        ys, xs = torch.meshgrid(torch.arange(size[0], dtype=torch.float64, device=device) + 0.5,
+                                torch.arange(size[1], dtype=torch.float64, device=device) + 0.5, indexing="ij")
+        distance = ((ys - centre[0]) ** 2 + (xs - centre[1]) ** 2).sqrt().flatten()
+        order = distance.argsort(stable=True)
+        return distance[order], order
+
+
+def radii(maps: Tensor, centres: Sequence[tuple[float, float]], shares: Sequence[float]) -> Tensor:
+    """blocks H W maps, each block's centre (y, x) -> blocks x shares, float32 on the maps' device: for each share
+    p the distance whose disc holds p of the map's mass (0 for a map without mass). The pixels' order by distance
+    is sorted once per centre and kept (a stage's blocks share theirs); nothing is read back."""
     _, h, w = maps.shape
-    ys, xs = torch.meshgrid(torch.arange(h, dtype=torch.float64) + 0.5, torch.arange(w, dtype=torch.float64) + 0.5,
-                            indexing="ij")
-    orders: dict[tuple[float, float], tuple[Tensor, Tensor]] = {}
-    out = []
-    for values, centre in zip(maps.double().cpu(), centres.double().cpu()):
-        key = tuple(centre.tolist())
-        if key not in orders:
-            distance = ((ys - key[0]) ** 2 + (xs - key[1]) ** 2).sqrt().flatten()
-            order = distance.argsort(stable=True)
-            orders[key] = (distance[order], order)
-        distance, order = orders[key]
-        running = values.flatten()[order].cumsum(0)
-        total = running[-1]
-        out.append(0.0 if total <= 0 else
-                   float(distance[int((running < share * total).sum().clamp(max=len(order) - 1))]))
-    return torch.tensor(out)
+    sorted_pixels = [pixels_by_distance((h, w), tuple(centre), maps.device) for centre in centres]
+    distance = torch.stack([d for d, _ in sorted_pixels])   # blocks n
+    order = torch.stack([o for _, o in sorted_pixels])
+    running = maps.double().flatten(1).gather(1, order).cumsum(dim=1)
+    total = running[:, -1:]
+    found = [distance.gather(1, (running < share * total).sum(dim=1, keepdim=True).clamp(max=h * w - 1))
+             for share in shares]
+    return torch.where(total > 0, torch.cat(found, dim=1), 0.0).float()
 
 
 def receptive_field(model: nn.Module, pixels: Tensor, blocks: Sequence[int] | None = None) -> ReceptiveField:
     """Every block's effective receptive field (or those in `blocks`, indices into `trace.blocks`) for a batch of
-    pixels (b 3 H W): maps at the input resolution with their 50 % and 90 % radii (see the module docstring)."""
+    pixels (b 3 H W): maps at the input resolution with their 50 % and 90 % radii (see the module docstring).
+    The maps stay on the pixels' device; the radii come back to the host once, at the end."""
     if model.training:
         raise ValueError("call model.eval() first: in training mode BatchNorm mixes the images of a batch")
     with torch.enable_grad():
         trace = model.trace(pixels, grad=True)
         indices = list(range(len(trace.blocks))) if blocks is None else [range(len(trace.blocks))[i] for i in blocks]
-        maps, centres = [], []
-        for i in indices:
-            token, centre = centre_token(trace, i)
+        centre_tokens = [centre_token(trace, i) for i in indices]
+        maps = []
+        for i, (token, _) in zip(indices, centre_tokens):
             y = trace.blocks[i].tokens[:, token].sum()   # images are independent: per-image gradients
             (grad,) = torch.autograd.grad(y, trace.pixels, retain_graph=i != indices[-1])
             maps.append(grad.abs().sum(dim=1).mean(dim=0).detach())
-            centres.append(centre)
-    maps, centres = torch.stack(maps), torch.stack(centres)
-    return ReceptiveField(blocks=indices, maps=maps, r50=radius(maps, centres, 0.5), r90=radius(maps, centres, 0.9),
-                          centres=centres, input_size=tuple(pixels.shape[-2:]))
-
+    maps, centres = torch.stack(maps), [centre for _, centre in centre_tokens]
+    r50, r90 = radii(maps, centres, (0.5, 0.9)).cpu().unbind(dim=1)
+    return ReceptiveField(blocks=indices, maps=maps, r50=r50, r90=r90, centres=torch.tensor(centres),
+                          input_size=tuple(pixels.shape[-2:]))
 
 
 class ReceptiveFieldSum:
@@ -137,6 +152,6 @@ class ReceptiveFieldSum:
 
     def result(self) -> ReceptiveField:
         maps = (self.maps / self.images).float().cpu()
-        centres = self.centres.cpu()
-        return ReceptiveField(blocks=self.blocks, maps=maps, r50=radius(maps, centres, 0.5),
-                              r90=radius(maps, centres, 0.9), centres=centres, input_size=self.input_size)
+        r50, r90 = radii(maps, [tuple(centre) for centre in self.centres.tolist()], (0.5, 0.9)).unbind(dim=1)
+        return ReceptiveField(blocks=self.blocks, maps=maps, r50=r50, r90=r90, centres=self.centres,
+                              input_size=self.input_size)
