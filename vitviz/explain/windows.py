@@ -50,7 +50,7 @@ def to_windows(values: Tensor, block: BlockTrace) -> Tensor:
     """b n ... per token -> b nw t ... per window position (global: one window of every token; padding: 0)."""
     if block.windows is None:
         return values.unsqueeze(1)
-    index = block.windows.index.to(values.device)
+    index = block.windows.index_on(values.device)
     padded = F.pad(values, (0, 0) * (values.dim() - 2) + (0, 1))   # one zero slot, where padding points
     return padded.index_select(1, index.flatten()).unflatten(1, index.shape)
 
@@ -59,7 +59,7 @@ def from_windows(values: Tensor, block: BlockTrace) -> Tensor:
     """b nw t ... per window position -> b n ... per token (padding positions dropped): `to_windows` undone."""
     if block.windows is None:
         return values.squeeze(1)
-    index = block.windows.index.to(values.device)
+    index = block.windows.index_on(values.device)
     flat = values.flatten(1, 2)
     n = block.windows.grid[0] * block.windows.grid[1]
     out = flat.new_zeros(flat.shape[0], n + 1, *flat.shape[2:]).index_add_(1, index.flatten(), flat)

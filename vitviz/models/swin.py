@@ -109,14 +109,17 @@ class SwinConfig:
 
 
 @functools.lru_cache(maxsize=32)
-def relative_position_index(window: int, table_window: int | None = None) -> Tensor:
-    """t t (long): the row of the bias table for each (query, key) pair of a window of side `window`, the table
-    holding the (2 table_window - 1)^2 offsets of a window of side `table_window` (default: the same). A
-    window smaller than the table's (the grid at another input size) reads the table's central offsets."""
+def relative_position_index(window: int, table_window: int | None = None,
+                            device: torch.device | str = "cpu") -> Tensor:
+    """t t (long) on `device`: the row of the bias table for each (query, key) pair of a window of side `window`,
+    the table holding the (2 table_window - 1)^2 offsets of a window of side `table_window` (default: the same). A
+    window smaller than the table's (the grid at another input size) reads the table's central offsets. Made on
+    the device, once per geometry: a copy from the host to a GPU in every block would make the host wait."""
     table_window = table_window or window
     # kept and reused: a tensor made in inference mode could not be saved for backward
     with torch.inference_mode(False):
-        coords = torch.stack(torch.meshgrid(torch.arange(window), torch.arange(window), indexing="ij")).flatten(1)
+        steps = torch.arange(window, device=device)
+        coords = torch.stack(torch.meshgrid(steps, steps, indexing="ij")).flatten(1)
         offsets = coords[:, :, None] - coords[:, None, :] + table_window - 1   # 2 t t, from 0
         return offsets[0] * (2 * table_window - 1) + offsets[1]
 
@@ -142,7 +145,7 @@ class WindowAttention(nn.Module):
     def position_bias(self, window: int) -> Tensor:
         """h t t: each head's bias on the logits of a window of side `window`."""
         table = self.relative_position_bias_table
-        index = relative_position_index(window, self.window).to(table.device)
+        index = relative_position_index(window, self.window, table.device)
         return rearrange(table[index], 'q k h -> h q k').contiguous()   # added to every window: contiguous is faster
 
     def forward(self, x: Tensor, window: int, masked: Tensor | None,
@@ -221,7 +224,7 @@ class SwinBlock(nn.Module):
         """b h w c -> (output tokens b h w c, attention b nw h t t or None, first norm's output b n c, the windows);
         attn_delta (b h w c): added to the attention's output (activation patching)."""
         part = self.partition(x.shape[1:3])
-        masked = None if part.masked is None else part.masked.to(x.device)
+        masked = part.masked_on(x.device)
         normed = self.norm1(rearrange(x, 'b h w c -> b (h w) c'))   # b n c, the tensor Grad-CAM differentiates
         grid = rearrange(normed, 'b (h w) c -> b h w c', h=part.grid[0])
         out, attn = self.attn(self.windows(grid, part), part.size, masked, return_attn)

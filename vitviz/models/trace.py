@@ -92,6 +92,26 @@ class WindowPartition:
             label = _windows(region[0][:, None] * 3 + region[1][None, :], self.size)
             return label[:, :, None] != label[:, None, :]
 
+    def index_on(self, device: torch.device) -> Tensor:
+        """`index` on `device`, copied there once and kept: a copy from the host to a GPU makes the host wait for
+        the device, so a forward or a method that reads the windows never makes one per block."""
+        return self._copied("index", device)
+
+    def masked_on(self, device: torch.device) -> Tensor | None:
+        """`masked` on `device`, copied there once and kept (as `index_on`); None without a shift."""
+        return None if self.masked is None else self._copied("masked", device)
+
+    @cached_property
+    def _copies(self) -> dict[tuple[str, torch.device], Tensor]:
+        return {}
+
+    def _copied(self, name: str, device: torch.device) -> Tensor:
+        key = (name, torch.device(device))
+        if key not in self._copies:
+            with torch.inference_mode(False):   # kept and reused, also by passes that keep a graph
+                self._copies[key] = getattr(self, name).to(device)
+        return self._copies[key]
+
 
 def _windows(values: Tensor, size: int) -> Tensor:
     """hp wp -> nw t: the window partition, windows row-major and positions row-major inside each."""
