@@ -60,6 +60,9 @@ APP_MAX_BYTES = 300_000_000                    # the app's uploads: a 30 s 4K ph
 VIDEO_FILE, TIMELINE_FILE, MANIFEST_FILE, PREDICTIONS_FILE = ("side-by-side.mp4", "timeline.png", "manifest.json",
                                                               "predictions.json")
 DINO_MASS = explain.DEFAULT_MASS
+# the captions' text, times a view's: the two panels side by side play in a phone's 360 px at a quarter to half of
+# their size, where a view's text would be 2 to 4 px tall
+CAPTION_SCALE = 2.0
 Progress = Callable[[int, int | None], None]   # (frames done, frames in all when known)
 
 
@@ -278,21 +281,21 @@ def panel(canvas: render.Canvas, loaded, reading: FrameReading, batch: BatchRead
     """One model's picture of one frame: the map it draws (`batch.drawn`: the first method `asked`, or Grad-CAM in
     its place for a model without attention, which the caption then says; a model without a classifier: DINO's
     display) over the frame, captioned with the method, its top class and probability."""
-    note = f"{time:.2f} s"
+    note, large = f"{time:.2f} s", dict(text_scale=CAPTION_SCALE)
     if reading.heads is not None:
         mask = explain.mass_threshold(torch.from_numpy(reading.heads), DINO_MASS).numpy()
         view = render.head_tile(canvas, reading.heads, field=batch.last_stage, mask=mask, style="outline")
         return render.caption(view, model=loaded.name, method=f"class-token attention, {DINO_MASS:.0%} of it "
-                                                              f"outlined", note=note)
+                                                              f"outlined", note=note, **large)
     if batch.drawn is None:
         return render.caption(render.notice(canvas, "no method asked for"), model=loaded.name, method="no map",
-                              note=note)
+                              note=note, **large)
     title = explain.method(batch.drawn).title
     if batch.drawn != asked:
         note += f"; no attention, so {title}, not {explain.method(asked).title}"
     view = render.overlay(canvas, reading.maps[batch.drawn])
     target = f"{loaded.labels[reading.top[0][0]]} {reading.top[0][1]:.0%}" if reading.top else None
-    return render.caption(view, model=loaded.name, method=title, target=target, note=note)
+    return render.caption(view, model=loaded.name, method=title, target=target, note=note, **large)
 
 
 def side_by_side(panels: Sequence[np.ndarray]) -> np.ndarray:
@@ -364,7 +367,7 @@ def timeline_plot(times: Sequence[float], top1: dict[str, Sequence[float]], labe
 
     from .render.anatomy import PLOT_COLOURS, _figure_to_rgb
 
-    fig = Figure(figsize=(8.0, 4.2), dpi=100, layout="constrained")
+    fig = Figure(figsize=(6.4, 3.4), dpi=125, layout="constrained")   # 800 x 425 px, its text readable at half that
     top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=(2, 1))
     t = np.asarray(times, dtype=float)
     for k, (name, probs) in enumerate(top1.items()):

@@ -24,8 +24,9 @@ class Ink:
     line: int   # line width, px
 
     @classmethod
-    def for_size(cls, size: tuple[int, int]) -> "Ink":
-        unit = max(max(size), 384) / 512   # 1.0 at a 512 px long side; never below 0.75, to stay legible
+    def for_size(cls, size: tuple[int, int], *, scale: float = 1.0) -> "Ink":
+        """The ink of a view of `size` (h, w); `scale` times larger for a view shown smaller than its pixels."""
+        unit = scale * max(max(size), 384) / 512   # 1.0 at a 512 px long side; never below 0.75, to stay legible
         return cls(font_scale=0.42 * unit, text=max(1, round(unit)), line=max(1, round(1.5 * unit)))
 
     def text_size(self, text: str, scale: float = 1.0) -> tuple[int, int, int]:
@@ -138,18 +139,20 @@ def caption_text(*, model: str, method: str, layer: int | str | None = None, hea
 
 
 def caption(image: np.ndarray, *, model: str, method: str, layer: int | str | None = None,
-            head: int | str | None = None, target: str | None = None, note: str | None = None) -> np.ndarray:
+            head: int | str | None = None, target: str | None = None, note: str | None = None,
+            text_scale: float = 1.0) -> np.ndarray:
     """`image` with a caption strip *under* it (so clicks on the image keep their coordinates): the
-    model, method, layer/head and target class in bold, an optional note in smaller type."""
+    model, method, layer/head and target class in bold, an optional note in smaller type; the text `text_scale`
+    times a view's size (a video's, shown small on a phone, larger)."""
     title = caption_text(model=model, method=method, layer=layer, head=head, target=target)
-    return np.vstack([image, caption_strip(image.shape[:2], title, note)])
+    return np.vstack([image, caption_strip(image.shape[:2], title, note, text_scale)])
 
 
 @lru_cache(maxsize=64)
-def caption_strip(size: tuple[int, int], title: str, note: str | None = None) -> np.ndarray:
+def caption_strip(size: tuple[int, int], title: str, note: str | None = None, text_scale: float = 1.0) -> np.ndarray:
     """The strip `caption` puts under an image of `size` (h, w), read-only: kept, since an export writes the same
     captions under every photo of one size."""
-    ink = Ink.for_size(size)
+    ink = Ink.for_size(size, scale=text_scale)
     width = size[1]
     margin = max(4, ink.line_height() // 3)
     title = wrap(title, width - 2 * margin, ink)
