@@ -26,7 +26,7 @@ from vitviz import catalog, hub  # noqa: E402
 from vitviz.export import drawing_threads  # noqa: E402
 from vitviz.image import MAX_UPLOAD_BYTES  # noqa: E402
 from vitviz.session import MODEL_GATE  # noqa: E402
-from vitviz.ui import build, gpu, serving  # noqa: E402
+from vitviz.ui import STYLE, build, gpu, pairs_at_hand, serving  # noqa: E402
 from vitviz.video import APP_MAX_BYTES as MAX_VIDEO_BYTES  # noqa: E402
 
 
@@ -66,11 +66,11 @@ def main(argv=None) -> None:
     drawing_threads()   # for the process: requests draw on threads of their own
     vit, cvt, notice = default_pair(args.vit, args.cvt)
     load_at_start((vit, cvt))
-    demo = build(vit, cvt, notice)
+    demo = build(vit, cvt, notice, pairs_at_hand())
     serving.sweep_files(demo, age=serving.FILE_TTL)
     demo.queue(default_concurrency_limit=MODEL_GATE.slots, max_size=serving.QUEUE)
     # uploads above the image limit are videos' (read_image refuses an image above its own limit in words)
-    demo.launch(max_file_size=max(MAX_UPLOAD_BYTES, MAX_VIDEO_BYTES), show_error=True)
+    demo.launch(max_file_size=max(MAX_UPLOAD_BYTES, MAX_VIDEO_BYTES), show_error=True, css=STYLE)
 
 
 if __name__ == "__main__":

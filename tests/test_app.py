@@ -18,7 +18,10 @@ import app
 import vitviz
 from hub_server import closed_port_url
 from tests.app_server import launch
+from vitviz.render.captions import Ink
 from vitviz.ui import anatomy, attention, classes, download, features, gpu, page, shared, tokens
+from vitviz.ui.page import PAIRS_AWAY
+from vitviz.video import CAPTION_SCALE
 
 ROOT = Path(__file__).resolve().parents[1]
 PHOTO = ROOT / "assets" / "cat_chelsea.jpg"
@@ -174,6 +177,17 @@ def test_app_py_is_only_the_entry_and_only_the_ui_package_imports_gradio():
     importers = [p.relative_to(ROOT).as_posix() for p in (ROOT / "vitviz").rglob("*.py")
                  if "import gradio" in p.read_text() or "from gradio" in p.read_text()]
     assert importers and all(path.startswith("vitviz/ui/") for path in importers), importers
+
+
+def test_offline_no_one_click_pair_is_at_hand_and_a_hub_makes_those_it_serves_so(own_caches, monkeypatch,
+                                                                                   dinov2_repos):
+    """Every pair's models come from the Hub: with the fake one, the pair it serves is at hand and the ImageNet pair
+    it lacks is not; offline, with nothing cached, none is."""
+    from huggingface_hub import constants
+    at_hand = page.pairs_at_hand()
+    assert "DINOv2 vs DINOv2 with registers" in at_hand and "ViT-B vs CvT-13 (ImageNet)" not in at_hand
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    assert page.pairs_at_hand() == set()
 
 
 # ---- hosted as a Space: ZeroGPU's conventions, the default pair loaded at start ---------------------------
@@ -484,6 +498,93 @@ def test_a_person_uploads_runs_moves_a_slider_clicks_a_point_and_sees_an_error(s
     assert server.process.poll() is None   # still serving
 
 
+# where an <img> draws its picture: Gradio shows a view scaled down to fit its box (object-fit: scale-down), centred
+PICTURE_BOX = """img => {
+    const box = img.getBoundingClientRect();
+    const scale = Math.min(1, box.width / img.naturalWidth, box.height / img.naturalHeight);
+    const width = img.naturalWidth * scale, height = img.naturalHeight * scale;
+    return {x: box.x + (box.width - width) / 2, y: box.y + (box.height - height) / 2, width, height};
+}"""
+
+
+def overlap(a: dict, b: dict) -> float:
+    """The area two bounding boxes share, px²."""
+    width = min(a["x"] + a["width"], b["x"] + b["width"]) - max(a["x"], b["x"])
+    height = min(a["y"] + a["height"], b["y"] + b["height"]) - max(a["y"], b["y"])
+    return max(0.0, width) * max(0.0, height)
+
+
+def picture_in_the_clear(page, panel: str) -> dict:
+    """The picture of the image panel `panel`, once decoded: wholly inside its panel and under none of the panel's
+    label and buttons (fullscreen, download, share); its box."""
+    picture = page.locator(f"{panel} img").first
+    picture.wait_for(timeout=60_000)
+    picture.scroll_into_view_if_needed()
+    page.wait_for_function("s => { const i = document.querySelector(s + ' img'); return i.complete && i.naturalWidth; "
+                           "}", arg=panel, timeout=30_000)
+    drawn, frame = picture.evaluate(PICTURE_BOX), page.locator(panel).bounding_box()
+    assert frame["y"] - 1 <= drawn["y"] and drawn["y"] + drawn["height"] <= frame["y"] + frame["height"] + 1, panel
+    controls = page.locator(f"{panel} [data-testid=block-label], {panel} .top-panel button").all()
+    assert len(controls) >= 2, panel   # its label, and at least fullscreen and download
+    for control in controls:
+        assert overlap(drawn, control.bounding_box()) == 0, (panel, control.get_attribute("aria-label"), drawn)
+    return drawn
+
+
+@pytest.mark.parametrize("width", [1400, 390], ids=["1400 px wide", "a phone, 390 px wide"])
+def test_after_explain_on_an_example_the_answer_is_in_view_and_no_button_covers_a_colour_bar(server, browser, width):
+    """On a phone the answer lies below the pairs and the example photos: the page brings it into view. Where it is
+    in view already, nothing moves. Every map's picture, its colour bar's top number in its top-right corner, lies
+    clear of the panel's label and buttons."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page = browser.new_page(viewport={"width": width, "height": 844})
+    page.goto(server.url)
+    page.locator("button.gallery-item", has=page.locator("img[src*=cat_chelsea]")).click()   # the example photo
+    page.locator("#input-image img").first.wait_for(timeout=30_000)
+    page.locator("#explain").click()
+    page.locator("#comparison").get_by_text("rank correlation").first.wait_for(timeout=120_000)
+    # the scroll is smooth: it ends with the comparison line inside the viewport
+    page.wait_for_function("""() => { const box = document.querySelector('#comparison').getBoundingClientRect();
+                                      return box.top >= 0 && box.bottom <= window.innerHeight; }""", timeout=10_000)
+    page.screenshot(path=str(SCREENSHOTS / f"9-answer-{width}.png"))
+    if width == 1400:
+        assert page.evaluate("window.scrollY") == 0
+    for panel in ("#map-a", "#map-b"):
+        picture_in_the_clear(page, panel)
+    page.locator("#map-a").screenshot(path=str(SCREENSHOTS / f"9-colour-bar-{width}.png"))
+
+
+def test_pairs_the_hub_cannot_serve_are_greyed_and_a_model_that_cannot_load_is_said_once_in_one_place(
+        server, browser):
+    """The fake Hub serves the DINOv2 pair only: the ImageNet pairs are greyed, the notice says why. A model that
+    cannot be loaded, typed in, is said once (the message), and the panels keep the last answer, none saying
+    "Error"."""
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.goto(server.url)
+    page.locator("#explain").wait_for(timeout=30_000)
+    assert page.get_by_role("button", name="ViT-B vs CvT-13 (ImageNet)").is_disabled()
+    assert page.get_by_role("button", name="DINOv2 vs DINOv2 with registers").is_enabled()
+    assert page.locator("#notice").get_by_text(PAIRS_AWAY).is_visible()
+    page.locator("#input-image input[type=file]").set_input_files(str(PHOTO))
+    page.locator("#input-image img").first.wait_for(timeout=30_000)
+    page.locator("#explain").click()
+    page.locator("#comparison").get_by_text("rank correlation").first.wait_for(timeout=120_000)
+    shown = {panel: page.locator(f"{panel} img").first.get_attribute("src") for panel in ("#map-a", "#map-b")}
+    labels = page.locator("#label-a").inner_text(), page.locator("#label-b").inner_text()
+    left = page.get_by_label("left model")
+    left.fill("vit-base")
+    left.press("Enter")
+    page.locator("#explain").click()
+    page.get_by_text("'vit-base'").first.wait_for(timeout=60_000)
+    page.wait_for_timeout(1000)   # a second message, or the panels' error marks, would show by now
+    assert [m.is_visible() for m in page.get_by_text("'vit-base'").all()] == [True]
+    assert not [e for e in page.locator("[data-testid=status-tracker] .error").all() if e.is_visible()]
+    assert {panel: page.locator(f"{panel} img").first.get_attribute("src") for panel in shown} == shown
+    assert (page.locator("#label-a").inner_text(), page.locator("#label-b").inner_text()) == labels
+    page.screenshot(path=str(SCREENSHOTS / "9-refused.png"))
+    assert server.process.poll() is None
+
+
 TOP_TABS = {"Tokens": "#tokens-tabs", "Attention": "#attention-tabs", "Explain a class": "#classes-tabs",
             "Features": "#features-tabs", "Anatomy": "#anatomy-note", "Compare": "#compare-tabs",
             "What decides": "#decide-tabs", "Video": "#video-run", "Download": "#download-build"}   # a part of each
@@ -587,6 +688,16 @@ def test_a_person_explains_a_video_plays_it_in_the_page_and_sends_a_frame_to_eve
     assert played["ready"] >= 2 and played["time"] > 0 and played["width"] >= 2 * 320, played
     page.locator("#video-timeline img").first.wait_for(timeout=30_000)
     page.screenshot(path=str(SCREENSHOTS / "7-video.png"), full_page=True)
+    # on a phone: the timeline whole, clear of its label and buttons, and the captions' capitals 5 px tall or more
+    page.set_viewport_size({"width": 390, "height": 844})
+    chart = picture_in_the_clear(page, "#video-timeline")
+    assert chart["width"] >= 300
+    shown = page.locator("#video-result video").bounding_box()["width"] / played["width"]   # 2 panels in 1 row
+    capital = Ink.for_size((0, played["width"] // 2), scale=CAPTION_SCALE).text_size("A")[1]
+    assert capital * shown >= 5, (capital, shown)
+    page.locator("#video-result").scroll_into_view_if_needed()
+    page.screenshot(path=str(SCREENSHOTS / "7-video-390.png"), full_page=True)
+    page.set_viewport_size({"width": 1400, "height": 900})
     number = page.locator("#video-frame input[type=number]")
     number.fill("20")
     number.press("Enter")

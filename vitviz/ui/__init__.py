@@ -2,6 +2,6 @@
 (its layout and its handlers), `gpu.py` the only functions that run a model (what `spaces.GPU`
 decorates), `store.py` the sessions kept in the app's process. Only this package and app.py import
 gradio."""
-from .page import build
+from .page import STYLE, build, pairs_at_hand
 
-__all__ = ["build"]
+__all__ = ["STYLE", "build", "pairs_at_hand"]

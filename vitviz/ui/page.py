@@ -4,6 +4,7 @@ on), with the tabs under it, grouped by the question each answers."""
 from __future__ import annotations
 
 import functools
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
@@ -36,6 +37,27 @@ EXAMPLES = sorted(str(p) for p in (ROOT / "assets").glob("*.jpg"))
 CMAPS = ["viridis", "inferno", "turbo", "magma"]
 # where a one-click pair opens (default: attention)
 PAIR_TABS = {"DINOv2 vs DINOv2 with registers": ("tokens", "registers")}
+PAIRS_AWAY = "Greyed pairs need the Hugging Face Hub."   # which cannot be reached, and their models are not cached
+# the page's own rules over Gradio's: an image's label and buttons (fullscreen, download, share) in a row above the
+# picture, not over its top (a colour bar's largest value, a chart's top line), at any width; and a failed event
+# said once, in its message, the panels keeping what they showed instead of each saying "Error"
+STYLE = """
+.block:has(> .image-container) { display: flex; flex-flow: column nowrap; }
+.block:has(> .image-container) > label[data-testid="block-label"] {
+    position: static; align-self: flex-start; max-width: calc(100% - 5.5rem); }
+.block:has(> .image-container) > .image-container { position: static; flex: 1 1 auto; min-height: 0; height: auto; }
+.block:has(> .image-container):not(:has(> label[data-testid="block-label"]:not(.hide))) > .image-container {
+    padding-top: 1.75rem; }
+.image-container:fullscreen { position: relative; }
+[data-testid="status-tracker"]:has(> .error) { display: none; }
+"""
+# after an answer: the comparison line brought into view where it is out of it (on a phone it lies below the pairs
+# and the example photos); where it is in view nothing moves
+SHOW_ANSWER = """() => {
+    const answer = document.querySelector('#comparison');
+    const box = answer.getBoundingClientRect();
+    if (box.top < 0 || box.bottom > window.innerHeight) answer.scrollIntoView({behavior: 'smooth', block: 'start'});
+}"""
 
 
 class Answer(NamedTuple):
@@ -130,6 +152,15 @@ def choose_pair(title: str):
     return (*catalog.PAIRS[title], gr.Tabs(selected=outer)) + ((gr.Tabs(selected=inner),) if inner else (gr.skip(),))
 
 
+def pairs_at_hand() -> set[str]:
+    """The one-click pairs whose two models can be had now: bundled, cached, or on a Hub that answers for them (one
+    metadata request a model, all at once, so a Hub that cannot be reached costs one `hub.HUB_TIMEOUT`)."""
+    names = sorted({name for pair in catalog.PAIRS.values() for name in pair})
+    with ThreadPoolExecutor(len(names)) as pool:
+        found = dict(zip(names, pool.map(hub.available, names)))
+    return {title for title, pair in catalog.PAIRS.items() if all(found[name] for name in pair)}
+
+
 def stats() -> dict:
     """The server's load, for its owner and the reliability tests: model passes (running now, most ever at
     once, total), kept sessions and loaded models against their bounds."""
@@ -143,11 +174,14 @@ INTRO = ("## vitviz: see inside vision transformers\n"
          "attention flows (rollout; a CNN: Grad-CAM); hatched: what a model never saw. The tabs go deeper.")
 
 
-def build(vit: str, cvt: str, notice: str = "") -> gr.Blocks:
-    """The page, opening with the models `vit` and `cvt` (and `notice` above them when not empty)."""
+def build(vit: str, cvt: str, notice: str = "", at_hand: set[str] | None = None) -> gr.Blocks:
+    """The page, opening with the models `vit` and `cvt` (and `notice` above them when not empty); the one-click
+    pairs not `at_hand` (`pairs_at_hand`'s; None: all of them) greyed, the notice saying why. Served with `STYLE`."""
     choices = list(catalog.CATALOG)
+    at_hand = set(catalog.PAIRS) if at_hand is None else at_hand
     with gr.Blocks(title="vitviz: see inside vision transformers", analytics_enabled=False) as demo:
         gr.Markdown(INTRO, elem_id="intro")
+        notice = " ".join(words for words in (notice, PAIRS_AWAY if set(catalog.PAIRS) - at_hand else "") if words)
         gr.Markdown(notice, visible=bool(notice), elem_id="notice")
         key, point = gr.State(None), gr.State(None)
         with gr.Row(equal_height=False):
@@ -166,7 +200,7 @@ def build(vit: str, cvt: str, notice: str = "") -> gr.Blocks:
                                      "predictions are the zero-shot probabilities over them",
                                      visible=takes_prompts(vit) or takes_prompts(cvt), elem_id="prompts")
                 with gr.Row():
-                    pairs = {title: gr.Button(title, size="sm", elem_id=f"pair-{i}")
+                    pairs = {title: gr.Button(title, size="sm", interactive=title in at_hand, elem_id=f"pair-{i}")
                              for i, title in enumerate(catalog.PAIRS)}
                 gr.Examples(EXAMPLES, inputs=[image], label="example photos (licences in assets/README.md)",
                             examples_per_page=12)
@@ -208,15 +242,19 @@ def build(vit: str, cvt: str, notice: str = "") -> gr.Blocks:
             for tab in (token_parts, attention_parts, class_parts, compare_parts, decide_parts, concepts_parts):
                 tab.explained(event, public)
 
-        explained(run.click(as_files(explain), inputs=[image, model_a, model_b, prompts], outputs=answer,
-                            api_name="explain", preprocess=False, **MODEL_EVENTS), public=True)
+        answered = run.click(as_files(explain), inputs=[image, model_a, model_b, prompts], outputs=answer,
+                             api_name="explain", preprocess=False, **MODEL_EVENTS)
+        explained(answered, public=True)
+        answered.success(None, js=SHOW_ANSWER, api_name="show_answer")
         for title, button in pairs.items():
             name = "_".join(catalog.PAIRS[title]).replace("-", "_")
             chosen = button.click(functools.partial(choose_pair, title),
                                   outputs=[model_a, model_b, tabs, token_parts.tabs], api_name=f"choose_{name}",
                                   **INSTANT, **HIDDEN)
-            explained(chosen.success(as_files(explain), inputs=[image, model_a, model_b, prompts], outputs=answer,
-                                     api_name=f"explain_{name}", preprocess=False, **MODEL_EVENTS, **HIDDEN))
+            answered = chosen.success(as_files(explain), inputs=[image, model_a, model_b, prompts], outputs=answer,
+                                      api_name=f"explain_{name}", preprocess=False, **MODEL_EVENTS, **HIDDEN)
+            explained(answered)
+            answered.success(None, js=SHOW_ANSWER, api_name=f"show_answer_{name}")
         explained(video_parts.chosen.success(as_files(explain), inputs=[image, model_a, model_b, prompts],
                                              outputs=answer, api_name="explain_frame", preprocess=False,
                                              **MODEL_EVENTS, **HIDDEN))
