@@ -319,6 +319,50 @@ def test_a_finished_run_extended_by_an_epoch_equals_the_longer_run(tmp_path):
     assert_same_dictionary(extended, longer)
 
 
+def test_steps_count_the_run_across_passes_and_a_later_call_extends_them(tmp_path):
+    x, _ = planted(tokens=1024, d=8, n=12, k=2)   # 4 steps of 256 a pass
+    settings = dict(kind="topk", k=2, expansion=2, batch_size=256, warmup=3, progress=False)
+    ten = concepts.train(x, steps=10, **settings)
+    assert ten.training_record["steps"] == 10 and ten.training_record["epochs"] == 2.5
+    assert_same_dictionary(concepts.train(x, steps=8, **settings), concepts.train(x, epochs=2, **settings))
+    concepts.train(x, steps=6, checkpoint=tmp_path / "run.ckpt", **settings)   # stops in the second pass
+    assert_same_dictionary(concepts.train(x, steps=10, checkpoint=tmp_path / "run.ckpt", **settings), ten)
+    with pytest.raises(ConceptsError, match="steps=5 may need the activations more than once"):
+        concepts.train(iter([x]), steps=5, **settings)
+    with pytest.raises(ConceptsError, match="steps must be a whole number of at least 1, not 0"):
+        concepts.train(x, steps=0, **settings)
+
+
+def test_the_command_lines_schedule_is_long_enough_and_warms_up_a_tenth_of_it():
+    from vitviz.concepts.build import schedule_of
+    from vitviz.concepts.train import TRAINING_TOKENS
+
+    photos = 3000 * 64   # 3,000 CIFAR-10 images' 8 x 8 patch tokens: one pass is 47 steps of 4,096
+    assert schedule_of(photos, epochs=None, steps=None, warmup=None, batch_size=4096) == {
+        "steps": math.ceil(TRAINING_TOKENS / 4096), "warmup": math.ceil(TRAINING_TOKENS / 4096) // 10}
+    many = 2_000_000 * 64   # a large data set: one pass, the warm-up at most 100 steps
+    assert schedule_of(many, epochs=None, steps=None, warmup=None, batch_size=4096) == {"steps": 31250, "warmup": 100}
+    assert schedule_of(photos, epochs=2, steps=None, warmup=None, batch_size=4096) == {"epochs": 2, "warmup": 9}
+    assert schedule_of(photos, epochs=2, steps=None, warmup=100, batch_size=4096) == {"epochs": 2, "warmup": 100}
+    with pytest.raises(ConceptsError, match="Give epochs .2. or steps .9., not both"):
+        schedule_of(photos, epochs=2, steps=9, warmup=None, batch_size=4096)
+
+
+def test_a_dictionary_that_explains_little_says_so_in_words_and_its_record_keeps_it():
+    noise = torch.randn(2048, 32, generator=torch.Generator().manual_seed(0))   # no structure: k=1 rebuilds little
+    with pytest.warns(UserWarning, match=r"explains only \d+% of its layer's variance .FVU 0\.\d\d; a usable one is "
+                                         r"below 0.5.\. Train on more images, for more steps"):
+        poor = concepts.train(noise, kind="topk", k=1, expansion=2, batch_size=256, progress=False)
+    assert poor.training_record["fvu"] >= 0.5 and "smaller k" in poor.training_record["warning"]
+    x, _ = planted(tokens=2048, d=8, n=12, k=2)
+    good = concepts.train(x, kind="topk", k=2, expansion=4, epochs=4, batch_size=64, lr=3e-3, warmup=10,
+                          progress=False)
+    assert good.training_record["fvu"] < 0.5 and "warning" not in good.training_record
+    assert good.training_record["fvu"] == pytest.approx(concepts.metrics(good, x).fvu, abs=0.05)   # its first tokens
+    from vitviz.concepts.train import fit_warning
+    assert "less of its layer than the layer's mean does (FVU 1.10, at least 1)" in fit_warning(1.1)
+
+
 # ---- the file ------------------------------------------------------------------------------------------------
 
 def trained_batchtopk():

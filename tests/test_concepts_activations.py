@@ -212,13 +212,16 @@ def test_the_train_command_writes_a_dictionary_that_knows_its_layer(tmp_path):
         (folder / f"{i:02d}.png").write_bytes(buffer.getvalue())
     out = tmp_path / "dictionary"
     code = main(["concepts", "train", "--models", "vit-cifar10", "--block", "-2", "--data", str(folder), "--k", "4",
-                 "--expansion", "2", "--batch-size", "512", "--cache", str(tmp_path / "cache"), "--out", str(out)])
+                 "--expansion", "2", "--batch-size", "512", "--steps", "8", "--cache", str(tmp_path / "cache"),
+                 "--out", str(out)])
     assert code == 0
     dictionary = load(out)
     assert (dictionary.model, dictionary.block, dictionary.origin.tokens) == ("vit-cifar10", 5, "patch")
     assert dictionary.n_concepts == 384 and dictionary.k == 4
     summary = json.loads((out / "training.json").read_text())
     assert summary["tokens_trained_on"] == [40 * 64] and summary["grid"] == [8, 8]
+    assert summary["training"]["steps"] == 8 and summary["training"]["epochs"] == 1.6   # 5 steps a pass
+    assert summary["training"]["warmup"] == 1 and summary["training"]["fvu"] > 0
     assert main(["concepts", "train", "--models", "vit-cifar10", "--block", "9", "--data", str(folder),
                  "--cache", str(tmp_path / "cache"), "--out", str(out)]) == 2
 

@@ -18,6 +18,7 @@ import json
 import os
 import sys
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -368,17 +369,25 @@ def cmd_concepts_train(args) -> int:
     if args.limit is not None and args.limit < 1:
         raise UsageError(f"--limit must be at least 1, not {args.limit}")
     data = open_data(args.data, split=args.split)
-    settings = {"kind": args.kind, "expansion": args.expansion, "epochs": args.epochs, "batch_size": args.batch_size,
-                "lr": args.lr, "seed": args.seed,
+    settings = {"kind": args.kind, "expansion": args.expansion, "epochs": args.epochs, "steps": args.steps,
+                "warmup": args.warmup, "buffer": args.shuffle_buffer, "batch_size": args.batch_size, "lr": args.lr,
+                "seed": args.seed,
                 **({"k": args.k} if args.k is not None else {}), **({"l1": args.l1} if args.l1 is not None else {})}
     try:
-        with process_ranks(args.device) as ranks:
+        with process_ranks(args.device) as ranks, warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)   # a poor fit is said below, in the command's own words
             loaded = [hub.load(name, device=ranks.device) for name in args.models]
             layers = cache_layers(loaded, data, blocks=blocks, tokens=args.tokens, root=args.cache,
                                   indices=spread(len(data), args.limit), ranks=ranks)
-            train_layers(loaded, layers, out=out, leader=ranks.leader, device=ranks.device, **settings)
+            record = train_layers(loaded, layers, out=out, leader=ranks.leader, device=ranks.device,
+                                  **settings).training_record
     except ConceptsError as e:
         raise UsageError(str(e)) from None
+    fvu = record["fvu"] if isinstance(record["fvu"], dict) else {args.models[0]: record["fvu"]}
+    print(f"trained {record['steps']} steps ({record['epochs']} passes over the data, {record['tokens']:,} tokens); "
+          f"FVU on its training tokens: " + ", ".join(f"{model} {value:.3f}" for model, value in fvu.items()))
+    if "warning" in record:
+        print(f"warning: {record['warning']}", file=sys.stderr)
     print(f"wrote the dictionary to {out}")
     return 0
 
@@ -585,8 +594,17 @@ def concepts_parser(sub) -> None:
     t.add_argument("--k", type=int, default=None, help="TopK and BatchTopK: concepts per token (default 32)")
     t.add_argument("--l1", type=float, default=None, help="standard: the L1 coefficient (default 1.0)")
     t.add_argument("--expansion", type=int, default=8, help="concepts per activation dimension (default 8)")
-    t.add_argument("--epochs", type=int, default=1)
+    t.add_argument("--steps", type=int, default=None,
+                   help="training steps in all (default: one pass over the data, and at least 2 M tokens: enough for a "
+                        "few thousand photos to give a usable dictionary)")
+    t.add_argument("--epochs", type=int, default=None, help="whole passes over the data instead of --steps")
+    t.add_argument("--warmup", type=int, default=None,
+                   help="steps over which the learning rate warms up (default: a tenth of the run, at most 100)")
     t.add_argument("--batch-size", type=int, default=4096, help="tokens per training step (default 4096)")
+    t.add_argument("--shuffle-buffer", type=int, default=None,
+                   help="stream one model's cached layer from disk, this many shards of 1,024 images shuffled "
+                        "together (default: in memory when the layer fits in a quarter of the memory, else streamed "
+                        "with 4)")
     t.add_argument("--lr", type=float, default=4e-4)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--cache", default=str(DEFAULT_CACHE), help=f"the activation cache's folder (default "

@@ -6,7 +6,8 @@
 set -euo pipefail
 DATA=${DATA:-cifar10}   # cifar10_jpeg.npz where vitviz finds it (../shared/data/ here; vitviz data cifar10 makes it)
 OUT=${OUT:-checkpoints/concepts}
-train() { python -m vitviz concepts train --data "$DATA" --limit 20000 --kind topk --k 16 --expansion 4 "$@"; }
+# --warmup 100: the warm-up they were trained with (the command's default is now a tenth of the run)
+train() { python -m vitviz concepts train --data "$DATA" --limit 20000 --kind topk --k 16 --expansion 4 --warmup 100 "$@"; }
 # the ViT's and the CvT's classifiers read the last block's class token alone: with it in the dictionary, removing a
 # concept moves the prediction (a dictionary of the patch tokens alone could not change it)
 train --models vit-cifar10 --block -1 --tokens patch+cls --epochs 2 --out "$OUT/vit-cifar10-last"

@@ -114,6 +114,7 @@ import itertools
 import json
 import math
 import sys
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,18 +131,23 @@ from .dictionary import ConceptsError, Dictionary, Origin
 from .kinds import kind_named
 from .train import (
     AUXK_ALPHA,
+    BATCH_SIZE,
     DEAD_AFTER,
+    FIT_TOKENS,
     K_AUX,
-    PROGRESS_EVERY,
+    WARMUP,
     K,
+    Schedule,
     TrainingProgress,
-    _epoch,
-    _head,
-    _read_checkpoint,
-    _write_checkpoint,
     auxk,
+    check_schedule,
+    epoch_order,
+    fit_warning,
+    head_of,
+    read_checkpoint,
     remove_parallel_gradient,
-    shown,
+    run_schedule,
+    write_checkpoint,
 )
 
 EXPANSION = 8        # concepts per dimension of the widest model
@@ -232,7 +238,8 @@ def train_across(activations: Sequence[Activations], *, models: Sequence[str],
                  revisions: str | Sequence[str | None] | None = None, blocks: int | Sequence[int | None] | None,
                  tokens: str | Sequence[str | None] | None, kind: str = "topk", k: int | None = None,
                  n_concepts: int | None = None, expansion: int | None = None, epochs: int = 1,
-                 batch_size: int = 4096, lr: float = 4e-4, warmup: int = 100, auxk_alpha: float = AUXK_ALPHA,
+                 steps: int | None = None, batch_size: int = BATCH_SIZE, lr: float = 4e-4, warmup: int = WARMUP,
+                 auxk_alpha: float = AUXK_ALPHA,
                  k_aux: int = K_AUX, dead_after: int | None = None, threshold_rate: float = THRESHOLD_RATE,
                  norm_tokens: int = 100_000, seed: int = 0, checkpoint: str | Path | None = None,
                  checkpoint_every: int = 500, device: str | torch.device | None = None,
@@ -258,13 +265,10 @@ def train_across(activations: Sequence[Activations], *, models: Sequence[str],
     if n_concepts is not None and expansion is not None:
         raise ConceptsError(f"Give n_concepts ({n_concepts}) or expansion ({expansion}), not both: expansion "
                             f"is the number of concepts per dimension of the widest model.")
-    for name, value in (("n_concepts", n_concepts), ("expansion", expansion), ("epochs", epochs),
-                        ("batch_size", batch_size), ("checkpoint_every", checkpoint_every)):
-        if value is not None and (not isinstance(value, int) or value < 1):
-            raise ConceptsError(f"{name} must be a whole number of at least 1, not {value!r}.")
-    if epochs > 1 and any(is_one_pass(model_activations) for model_activations in activations):
-        raise ConceptsError(f"{epochs} epochs need the activations {epochs} times, and an iterator can be read only "
-                            f"once: pass tensors or re-iterables (lists, a cache) instead.")
+    if n_concepts is not None and (not isinstance(n_concepts, int) or n_concepts < 1):
+        raise ConceptsError(f"n_concepts must be a whole number of at least 1, not {n_concepts!r}.")
+    check_schedule(activations, expansion=expansion, epochs=epochs, steps=steps, batch_size=batch_size,
+                   checkpoint_every=checkpoint_every, warmup=warmup)
     count = _aligned_count(activations, models)
     origins = [Origin(model, revision, block, kind_of_tokens).to_dict() for model, revision, block, kind_of_tokens in
                zip(models, _per_model(revisions, "revisions", models), _per_model(blocks, "blocks", models),
@@ -277,12 +281,12 @@ def train_across(activations: Sequence[Activations], *, models: Sequence[str],
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     checkpoint = Path(checkpoint) if checkpoint is not None else None
 
-    state = _read_checkpoint(checkpoint, settings, device) if checkpoint and checkpoint.exists() else None
+    state = read_checkpoint(checkpoint, settings, device) if checkpoint and checkpoint.exists() else None
     first_epoch = None
     if state is None:
         heads, first_epoch = [], []
         for model_activations in activations:
-            head, rest = _head(_epoch(model_activations, 0, batch_size, seed), norm_tokens)
+            head, rest = head_of(epoch_order(model_activations, 0, batch_size, seed), norm_tokens)
             heads.append(head)
             first_epoch.append(itertools.chain(head, rest))
         across = _initialised(settings, [head[0].shape[1] for head in heads])
@@ -302,43 +306,54 @@ def train_across(activations: Sequence[Activations], *, models: Sequence[str],
         optimizer.load_state_dict(state["optimizer"])
 
     numbers = TrainingProgress(running.to(device), since_fired, settings["dead_after"])
-    steps_per_epoch = math.ceil(count / batch_size) if count else None
-    bar = tqdm(total=steps_per_epoch and steps_per_epoch * epochs, initial=position["step"],
-               desc=f"{kind} dictionary across {len(models)} models", unit="step", file=sys.stderr,
-               disable=not progress, mininterval=1)
-    with bar:
-        for epoch in range(position["epoch"], epochs):
-            streams = first_epoch if epoch == 0 and first_epoch is not None else \
-                [_epoch(model_activations, epoch, batch_size, seed) for model_activations in activations]
-            for rows in itertools.islice(_aligned(streams, models), position["batch"], None):
-                for group in optimizer.param_groups:
-                    group["lr"] = lr * min(1.0, (position["step"] + 1) / warmup) if warmup > 0 else lr
-                source = position["step"] % len(models)
-                _step(across, optimizer, [x.to(device) for x in rows], source, numbers, settings, position["step"])
-                position["batch"] += 1
-                position["step"] += 1
-                position["tokens"] += len(rows[0])
-                bar.update()
-                due = checkpoint and position["step"] % checkpoint_every == 0
-                if due or position["step"] % PROGRESS_EVERY == 0:
-                    bar.set_postfix(epoch=epoch + 1, **shown(numbers.read()), refresh=False)
-                if due:
-                    _write_checkpoint(checkpoint, across, optimizer, settings, position, numbers.running, since_fired)
-            last_epoch = numbers.read()
-            bar.set_postfix(epoch=epoch + 1, **shown(last_epoch), refresh=False)
-            position.update(epoch=epoch + 1, batch=0)
-            numbers.new_epoch()
-            if checkpoint:
-                _write_checkpoint(checkpoint, across, optimizer, settings, position, numbers.running, since_fired,
-                                  last_epoch=last_epoch)
-    if state is not None and position["epoch"] == state["position"]["epoch"]:
-        last_epoch = state["last_epoch"]   # it had already finished: nothing trained now
+    schedule = Schedule(epochs=None if steps is not None else epochs, steps=steps, warmup=warmup, lr=lr)
+
+    def epoch_batches(epoch: int) -> Iterator[tuple[Tensor, ...]]:
+        streams = first_epoch if epoch == 0 and first_epoch is not None else \
+            [epoch_order(model_activations, epoch, batch_size, seed) for model_activations in activations]
+        return _aligned(streams, models)
+
+    def train_step(rows: tuple[Tensor, ...], step: int) -> int:
+        _step(across, optimizer, [x.to(device) for x in rows], step % len(models), numbers, settings, step)
+        return len(rows[0])
+
+    def save(last_epoch: dict | None) -> None:
+        write_checkpoint(checkpoint, across, optimizer, settings, position, numbers.running, since_fired,
+                         last_epoch=last_epoch)
+
+    total = schedule.total(math.ceil(count / batch_size) if count else None)
+    with tqdm(total=total, initial=position["step"], desc=f"{kind} dictionary across {len(models)} models",
+              unit="step", file=sys.stderr, disable=not progress, mininterval=1) as bar:
+        last_epoch = run_schedule(epoch_batches, train_step, schedule=schedule, position=position, numbers=numbers,
+                                  optimizer=optimizer, bar=bar, save=save if checkpoint else None,
+                                  checkpoint_every=checkpoint_every)
+    if last_epoch is None:   # it had already finished: nothing trained now
+        last_epoch = state["last_epoch"]
+    across.eval()
     how = {key: value for key, value in settings.items() if key != "origins"}   # each file has its origin
-    across.training_record = {**how, "n_concepts": across.n_concepts, "models": models, "epochs": epochs,
-                              "steps": position["step"], "tokens": position["tokens"], "last_epoch": last_epoch}
+    fvu = _fitted_fvu(across, activations, batch_size, seed)
+    warning = [text for model in models if (text := fit_warning(fvu[model], what=f"Across the models, {model}'s "
+                                                                                   f"reconstruction from its codes"))]
+    passes = epochs if steps is None else round(position["tokens"] / count, 3) if count else None
+    across.training_record = {**how, "n_concepts": across.n_concepts, "models": models, "epochs": passes,
+                              "steps": position["step"], "tokens": position["tokens"], "last_epoch": last_epoch,
+                              "fvu": fvu, **({"warning": " ".join(warning)} if warning else {})}
     for dictionary in across.per_model:
         dictionary.training_record = across.training_record   # so that one model's file alone says how
-    return across.eval()
+    for text in warning:
+        warnings.warn(text, stacklevel=2)
+    return across
+
+
+def _fitted_fvu(across: Across, activations: Sequence[Activations], batch_size: int, seed: int) -> dict[str, float]:
+    """Each model's FVU rebuilt from its own codes (1 - the R² matrix's diagonal), on the first FIT_TOKENS rows of
+    the aligned data in training order."""
+    if any(is_one_pass(model_activations) for model_activations in activations):
+        return dict.fromkeys(across.models, math.nan)
+    heads = [torch.cat(head_of(epoch_order(model_activations, 0, batch_size, seed), FIT_TOKENS)[0])[:FIT_TOKENS]
+             for model_activations in activations]
+    r2 = across_metrics(across, heads, batch_size=batch_size).r2
+    return {model: float(1 - r2[m, m]) for m, model in enumerate(across.models)}
 
 
 def _step(across: Across, optimizer: torch.optim.Optimizer, rows: list[Tensor], source: int,

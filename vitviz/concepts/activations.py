@@ -149,7 +149,8 @@ class Cached:
     def d(self) -> int:
         return self.layer["d"]
 
-    def _read(self, shard: Path) -> dict[str, Tensor]:
+    def read_shard(self, shard: Path) -> dict[str, Tensor]:
+        """One shard's tensors (tokens, images, sizes), or a ConceptsError if it is damaged."""
         try:
             return load_tensors(shard.read_bytes())
         except (SafetensorError, OSError) as e:
@@ -166,7 +167,7 @@ class Cached:
     def shard_grids(self) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
         """`grids()` one shard at a time, in order: at most `SHARD_IMAGES` images in memory."""
         for shard in self.shards:
-            part = self._read(shard)
+            part = self.read_shard(shard)
             yield part["tokens"], part["images"], part["sizes"]
 
     def tokens(self) -> Tensor:
@@ -214,7 +215,7 @@ def cache_activations(loaded, data: Dataset, *, block: int, tokens: str | None =
     description = {**layer, "key": key, "d": empty[1], "tokens_per_image": empty[0], **geometry}
     if ranks.leader and not (folder / LAYER_FILE).exists():
         write_atomic(folder / LAYER_FILE, json.dumps(description, indent=1).encode())
-    skipped = sum(len(chunk) - int(_metadata(shard)["images"]) for chunk, shard in zip(chunks, shards))
+    skipped = sum(len(chunk) - shard_images(shard) for chunk, shard in zip(chunks, shards))
     return Cached(folder=folder, layer=description, shards=tuple(shards), skipped=skipped)
 
 
@@ -316,8 +317,8 @@ def _write_shard(job: tuple[Sequence[int], Path], parts: list, copied, empty: tu
     write_atomic(shard, save_tensors(tensors, metadata={"images": str(len(kept)), "asked": str(len(chunk))}))
 
 
-def _metadata(shard: Path) -> dict:
-    """A shard's safetensors header metadata, read without its tensors."""
+def shard_images(shard: Path) -> int:
+    """How many images a shard holds, read from its safetensors header alone."""
     with open(shard, "rb") as f:
         size = int.from_bytes(f.read(8), "little")
-        return json.loads(f.read(size)).get("__metadata__", {})
+        return int(json.loads(f.read(size)).get("__metadata__", {})["images"])

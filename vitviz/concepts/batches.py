@@ -3,12 +3,14 @@ tokens of one width.
 
 A tensor (..., d) is its tokens (all leading dimensions flattened); an iterable yields tensors or numpy
 arrays (..., d), each flattened the same way, and is re-cut into batches of `batch_size` tokens (the last
-one of a pass may be smaller). Every token must have the same width, and only floating-point values are
-read (as float32).
+one of a pass may be smaller). `Passes` (a cached layer streamed shard by shard, `stream.ShardStream`) are
+read pass by pass in an order drawn from a seed, re-cut the same way. Every token must have the same width,
+and only floating-point values are read (as float32).
 """
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -16,7 +18,17 @@ from torch import Tensor
 
 from .dictionary import ConceptsError
 
-Activations = Tensor | np.ndarray | Iterable   # one tensor, or an iterable of (..., d) batches
+
+@runtime_checkable
+class Passes(Protocol):
+    """Activations read pass by pass in an order drawn from a seed, `tokens` in each pass."""
+    tokens: int
+
+    def epoch(self, number: int, seed: int) -> Iterator[Tensor]:
+        """Pass `number`'s tokens, as (..., d) tensors, in the order (seed, number) draws."""
+
+
+Activations = Tensor | np.ndarray | Iterable | Passes   # a tensor, an iterable of (..., d) batches, or passes
 
 
 def tokens_of(batch, where: str) -> Tensor:
@@ -33,19 +45,22 @@ def tokens_of(batch, where: str) -> Tensor:
 
 def is_one_pass(activations: Activations) -> bool:
     """Whether the activations can be read only once (an iterator or generator, not a tensor or a list)."""
-    return not isinstance(activations, (Tensor, np.ndarray)) and iter(activations) is activations
+    return not isinstance(activations, (Tensor, np.ndarray, Passes)) and iter(activations) is activations
 
 
 def token_count(activations: Activations) -> int | None:
     """How many tokens one pass reads, where that is known without reading them (a tensor, an array)."""
     if isinstance(activations, (Tensor, np.ndarray)):
         return int(np.prod(activations.shape[:-1]))
+    if isinstance(activations, Passes):
+        return activations.tokens
     return None
 
 
 def batches(activations: Activations, batch_size: int, *, order: Tensor | None = None) -> Iterator[Tensor]:
     """The activations in batches of `batch_size` float32 tokens (t d), all of one width. A tensor is read in
-    `order` (a permutation of its token indices; default as stored); an iterable is read in its own order."""
+    `order` (a permutation of its token indices; default as stored); an iterable is read in its own order, and
+    passes in their first pass's order for seed 0."""
     if isinstance(activations, (Tensor, np.ndarray)):
         tokens = tokens_of(torch.as_tensor(activations), "The activations")
         if len(tokens) == 0:
@@ -55,7 +70,7 @@ def batches(activations: Activations, batch_size: int, *, order: Tensor | None =
         return
     if order is not None:
         raise ValueError("only a tensor's tokens can be read in another order")
-    yield from _recut(activations, batch_size)
+    yield from _recut(activations.epoch(0, 0) if isinstance(activations, Passes) else activations, batch_size)
 
 
 def _recut(activations: Iterable, batch_size: int) -> Iterator[Tensor]:

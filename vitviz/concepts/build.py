@@ -15,6 +15,8 @@ same layers. Under torchrun the shards of the cache are shared out by rank and t
 from __future__ import annotations
 
 import json
+import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,13 +29,16 @@ from ..distributed import Ranks
 from ..export import write_atomic
 from .activations import Cached, cache_activations
 from .align import Alignment, align, in_photo
+from .batches import Activations, token_count
 from .dictionary import ConceptsError
 from .own import FILE, save
-from .train import train
+from .stream import BUFFER, ShardStream
+from .train import BATCH_SIZE, default_steps, default_warmup, train
 
 CHECKPOINT = "training.ckpt"
 SUMMARY = "training.json"
 DEFAULT_CACHE = Path("runs") / "activations"
+IN_MEMORY = 0.25   # of the machine's memory: one model's cached layer larger than this is streamed from disk
 
 
 @dataclass(frozen=True)
@@ -83,12 +88,18 @@ def cache_layers(loaded: Sequence, data: Dataset, *, blocks: Sequence[int], toke
 
 
 def train_layers(loaded: Sequence, layers: Layers, *, out: str | Path, leader: bool = True, progress: bool = True,
-                 **settings):
+                 epochs: int | None = None, steps: int | None = None, warmup: int | None = None,
+                 buffer: int | None = None, **settings):
     """The dictionary of the cached layers (one model) or across them (several), trained with `settings` (the
-    keywords of `train`), saved into `out` with a short summary by the `leader` (rank 0); returned."""
+    keywords of `train`), saved into `out` with a short summary by the `leader` (rank 0); returned. The schedule:
+    `epochs` passes or `steps` steps, by default `default_steps` for the rows there are; the warm-up by default a
+    tenth of the run (at most WARMUP steps). One model's layer is streamed from the cache (`buffer` shards
+    shuffled together) when `buffer` is given or it would take more than IN_MEMORY of the memory."""
     out, progress = Path(out), progress and leader
     out.mkdir(parents=True, exist_ok=True)
-    rows = layers.rows()
+    rows = training_rows(layers, buffer)
+    settings.update(schedule_of(token_count(rows[0]), epochs=epochs, steps=steps, warmup=warmup,
+                                batch_size=settings.get("batch_size", BATCH_SIZE)))
     origins = [{"model": m.name, "revision": m.source.commit or m.source.revision, "block": c.block,
                 "tokens": c.layer["tokens"]} for m, c in zip(loaded, layers.cached)]
     if layers.alignment is None:
@@ -108,12 +119,43 @@ def train_layers(loaded: Sequence, layers: Layers, *, out: str | Path, leader: b
         if leader:
             save_across(dictionary, out)
         record = dictionary.training_record
-    summary = {"models": origins, "tokens_trained_on": [len(r) for r in rows], "training": record,
+    summary = {"models": origins, "tokens_trained_on": [token_count(r) for r in rows], "training": record,
                "grid": list(layers.alignment.grid) if layers.alignment else layers.cached[0].layer["grid"],
                "data": layers.cached[0].layer["data"], "skipped_images": layers.cached[0].skipped}
     if leader:
         write_atomic(out / SUMMARY, json.dumps(summary, indent=1).encode())
     return dictionary
+
+
+def training_rows(layers: Layers, buffer: int | None) -> list[Activations]:
+    """What training reads: one model's tokens in memory, or streamed from the cache (`stream.py`) when `buffer`
+    is given or they would take more than IN_MEMORY of this machine's memory; several models' aligned rows in
+    memory (a dictionary across models does not stream: a layer that large is refused, in words)."""
+    bytes_of = [len(c.shards) and sum(shard.stat().st_size for shard in c.shards) for c in layers.cached]
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    too_large = sum(bytes_of) > IN_MEMORY * memory
+    if layers.alignment is None and (buffer is not None or too_large):
+        return [ShardStream(layers.cached[0], buffer=BUFFER if buffer is None else buffer)]
+    if buffer is not None:
+        raise ConceptsError("A dictionary across models trains on the models' aligned rows in memory; the shuffle "
+                            "buffer streams one model's layer.")
+    if too_large:
+        raise ConceptsError(f"The models' cached layers take {sum(bytes_of) / 2**30:.1f} GiB, more than "
+                            f"{IN_MEMORY:.0%} of this machine's {memory / 2**30:.0f} GiB, and a dictionary across "
+                            f"models trains in memory: train on fewer images (--limit).")
+    return layers.rows()
+
+
+def schedule_of(rows: int, *, epochs: int | None, steps: int | None, warmup: int | None, batch_size: int) -> dict:
+    """The schedule keywords of `train` for `rows` training rows: as given, with the command line's defaults for
+    what is not (`default_steps`, `default_warmup`)."""
+    if epochs is not None and steps is not None:
+        raise ConceptsError(f"Give epochs ({epochs}) or steps ({steps}), not both: steps count the whole run.")
+    if epochs is None and steps is None:
+        steps = default_steps(rows, batch_size)
+    total = steps if steps is not None else epochs * math.ceil(rows / batch_size)
+    return {**({"steps": steps} if steps is not None else {"epochs": epochs}),
+            "warmup": default_warmup(total) if warmup is None else warmup}
 
 
 def exemplar_indexes(loaded: Sequence, dictionary, data: Dataset, *, folder: str | Path, root: str | Path,

@@ -71,7 +71,8 @@ import math
 import os
 import pickle
 import sys
-from collections.abc import Iterator
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -80,7 +81,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from . import parallel
-from .batches import Activations, batches, is_one_pass, token_count
+from .batches import Activations, Passes, batches, is_one_pass, token_count
 from .batchtopk import THRESHOLD_RATE, BatchTopK
 from .dictionary import ConceptsError, Dictionary, Origin
 from .kinds import kind_named
@@ -92,6 +93,11 @@ K_AUX = 512          # Gao et al.'s k_aux
 AUXK_ALPHA = 1 / 32  # Gao et al.'s weight of AuxK
 DEAD_AFTER = 10_000_000   # tokens without firing after which a concept is dead (Gao et al.)
 PROGRESS_EVERY = 25  # steps between reads of the progress numbers (each read waits for the device's queue)
+WARMUP = 100         # warm-up steps, at most (the command line's default: a tenth of the run below that)
+TRAINING_TOKENS = 2_000_000   # the command line's default run: tokens trained on, at least one pass (see default_steps)
+FIT_TOKENS = 65_536  # tokens the finished dictionary's FVU is measured on (the first of its data, in training order)
+BATCH_SIZE = 4096    # tokens a step
+POOR_FIT = 0.5       # a finished dictionary at or above this FVU is reported as explaining too little
 
 
 class TrainingProgress:
@@ -131,26 +137,110 @@ class TrainingProgress:
         squared_errors, spread, fired, tokens = numbers[:4]
         return {"fvu": squared_errors / spread if spread else math.nan, "l0": fired / tokens if tokens else math.nan}
 
-    def new_epoch(self) -> None:
+    def newepoch_order(self) -> None:
         self.running = torch.zeros_like(self.running)
 
 
+def default_steps(tokens: int, batch_size: int) -> int:
+    """The command line's schedule for `tokens` training tokens: at least one pass, and at least TRAINING_TOKENS
+    tokens in all. A few thousand photos are a few hundred thousand tokens: one pass is tens of steps, too few
+    for a dictionary to settle (3,000 CIFAR-10 images, one pass of 4,096-token steps: FVU 0.75; 2 M tokens: 0.2)."""
+    return max(math.ceil(tokens / batch_size), math.ceil(TRAINING_TOKENS / batch_size))
+
+
+def default_warmup(steps: int) -> int:
+    """The learning rate's warm-up: a tenth of the run, and at most WARMUP steps."""
+    return max(1, min(WARMUP, steps // 10))
+
+
+def fit_warning(fvu: float, *, what: str = "The dictionary") -> str | None:
+    """In words, what is wrong with a finished dictionary whose FVU is POOR_FIT or more, and what to change;
+    None for one that explains most of its layer."""
+    if not fvu >= POOR_FIT:   # NaN (no variance) is refused elsewhere
+        return None
+    how = (f"explains less of its layer than the layer's mean does (FVU {fvu:.2f}, at least 1)" if fvu >= 1 else
+           f"explains only {1 - fvu:.0%} of its layer's variance (FVU {fvu:.2f}; a usable one is below {POOR_FIT})")
+    return (f"{what} {how}. Train on more images, for more steps (--steps, or steps=...), or with a smaller k "
+            f"(fewer concepts per token are easier to learn, but rebuild less).")
+
+
+class Schedule:
+    """How long a run trains: `epochs` whole passes, or `steps` steps in all (passes as many as they need, the
+    last one cut where the steps end), with the learning rate warmed up linearly over `warmup` steps."""
+
+    def __init__(self, *, epochs: int | None, steps: int | None, warmup: int, lr: float):
+        self.epochs, self.steps, self.warmup, self.lr = epochs, steps, warmup, lr
+
+    def total(self, steps_per_epoch: int | None) -> int | None:
+        """Steps in all, where known."""
+        return self.steps if self.steps is not None else steps_per_epoch and steps_per_epoch * self.epochs
+
+    def learning_rate(self, step: int) -> float:
+        return self.lr * min(1.0, (step + 1) / self.warmup) if self.warmup > 0 else self.lr
+
+    def done(self, position: dict) -> bool:
+        return position["step"] >= self.steps if self.steps is not None else position["epoch"] >= self.epochs
+
+
+def run_schedule(epoch_batches: Callable[[int], Iterator], train_step: Callable[[object, int], int], *,
+                 schedule: Schedule, position: dict, numbers: TrainingProgress, optimizer: torch.optim.Optimizer,
+                 bar: tqdm, save: Callable[[dict | None], None] | None, checkpoint_every: int) -> dict | None:
+    """The training loop `train` and `across.train_across` share: from `position` (epoch, batch, step, tokens;
+    updated in place) until the schedule is done, each batch of `epoch_batches(epoch)` through `train_step(batch,
+    step)` (-> the tokens it trained on) at the schedule's learning rate, the progress read every
+    PROGRESS_EVERY steps, `save(last_epoch)` (the checkpoint; None: none) every `checkpoint_every` steps and where
+    a pass or the run ends. -> the last pass's FVU and L0 (None if nothing was trained)."""
+    last_epoch = None
+    while not schedule.done(position):
+        epoch, trained = position["epoch"], False
+        for batch in itertools.islice(epoch_batches(epoch), position["batch"], None):
+            if schedule.done(position):
+                break
+            for group in optimizer.param_groups:
+                group["lr"] = schedule.learning_rate(position["step"])
+            position["tokens"] += train_step(batch, position["step"])
+            position["batch"] += 1
+            position["step"] += 1
+            trained = True
+            bar.update()
+            due = save is not None and position["step"] % checkpoint_every == 0
+            if due or position["step"] % PROGRESS_EVERY == 0:
+                bar.set_postfix(epoch=epoch + 1, **shown(numbers.read()), refresh=False)
+            if due:
+                save(None)
+        else:   # the pass ended
+            if not trained and position["batch"] == 0:
+                raise ConceptsError("The activations hold no tokens.")
+            position.update(epoch=epoch + 1, batch=0)
+        last_epoch = numbers.read()
+        bar.set_postfix(epoch=epoch + 1, **shown(last_epoch), refresh=False)
+        if position["batch"] == 0:
+            numbers.newepoch_order()
+        if save is not None:
+            save(last_epoch)
+    return last_epoch
+
+
 def train(activations: Activations, *, kind: str = "topk", k: int | None = None, expansion: int = 8,
-          l1: float | None = None, epochs: int = 1, batch_size: int = 4096, lr: float = 4e-4, warmup: int = 100,
+          l1: float | None = None, epochs: int = 1, steps: int | None = None, batch_size: int = BATCH_SIZE,
+          lr: float = 4e-4, warmup: int = WARMUP,
           auxk_alpha: float = AUXK_ALPHA, k_aux: int = K_AUX, dead_after: int | None = None,
           threshold_rate: float = THRESHOLD_RATE, norm_tokens: int = 100_000, seed: int = 0,
           model: str | None = None, revision: str | None = None, block: int | None = None,
           tokens: str | None = None, checkpoint: str | Path | None = None, checkpoint_every: int = 500,
           device: str | torch.device | None = None, progress: bool = True) -> Dictionary:
     """A dictionary of `expansion` x d concepts trained on `activations` (raw: a tensor (..., d), or an
-    iterable of (..., d) batches; a one-pass iterator only for one epoch), in eval mode on `device`.
+    iterable of (..., d) batches; a one-pass iterator only for one epoch), in eval mode on `device`, for `epochs`
+    passes or, given `steps`, that many steps (`default_steps` gives a run long enough to settle).
 
     `kind`: 'standard' (ReLU + `l1`, default 1.0), 'topk' or 'batchtopk' (`k` concepts per token, default
     32). `model`, `revision`, `block` and `tokens` say what the activations are; the dictionary and its file
     keep them. A progress bar (stderr, unless `progress=False`) shows the epoch's running FVU and L0. The
     module docstring has the loss, AuxK, the decoder's constraint, how `checkpoint` resumes and how ranks of a
     process group (torchrun's) share each batch: then every rank is given the same activations, and returns the
-    same dictionary.
+    same dictionary. Its `training_record` keeps how it was trained and its FVU when done, measured on the
+    first FIT_TOKENS tokens of its data, with a warning in words (also raised as a `UserWarning`) if that is
+    POOR_FIT or more.
     Raises `ConceptsError` for settings or activations that can't be trained on, said in words.
     """
     cls = kind_named(kind)
@@ -160,13 +250,8 @@ def train(activations: Activations, *, kind: str = "topk", k: int | None = None,
     if not cls.penalised and l1 is not None:
         raise ConceptsError(f"l1 is for standard dictionaries; a {kind} dictionary keeps k concepts per token "
                             f"(k=...).")
-    for name, value in (("expansion", expansion), ("epochs", epochs), ("batch_size", batch_size),
-                        ("checkpoint_every", checkpoint_every)):
-        if not isinstance(value, int) or value < 1:
-            raise ConceptsError(f"{name} must be a whole number of at least 1, not {value!r}.")
-    if epochs > 1 and is_one_pass(activations):
-        raise ConceptsError(f"{epochs} epochs need the activations {epochs} times, and an iterator can be read only "
-                            f"once: pass a tensor or a re-iterable (a list, a cache) instead.")
+    check_schedule([activations], expansion=expansion, epochs=epochs, steps=steps, batch_size=batch_size,
+                   checkpoint_every=checkpoint_every, warmup=warmup)
     count = token_count(activations)
     settings = {"kind": kind, "expansion": expansion, "batch_size": batch_size, "lr": lr, "warmup": warmup,
                 "norm_tokens": norm_tokens, "seed": seed,
@@ -178,10 +263,10 @@ def train(activations: Activations, *, kind: str = "topk", k: int | None = None,
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     checkpoint = Path(checkpoint) if checkpoint is not None else None
 
-    state = _read_checkpoint(checkpoint, settings, device) if checkpoint and checkpoint.exists() else None
+    state = read_checkpoint(checkpoint, settings, device) if checkpoint and checkpoint.exists() else None
     first_epoch = None
     if state is None:
-        head, rest = _head(_epoch(activations, 0, batch_size, seed), norm_tokens)
+        head, rest = head_of(epoch_order(activations, 0, batch_size, seed), norm_tokens)
         first_epoch = itertools.chain(head, rest)
         dictionary = _initialised(cls, head, settings)
         dictionary.normalisation.fit(torch.cat(head)[:norm_tokens])
@@ -202,41 +287,69 @@ def train(activations: Activations, *, kind: str = "topk", k: int | None = None,
 
     leader = parallel.rank() == 0
     numbers = TrainingProgress(running.to(device), since_fired, None if cls.penalised else settings["dead_after"])
-    steps_per_epoch = math.ceil(count / batch_size) if count else None
-    bar = tqdm(total=steps_per_epoch and steps_per_epoch * epochs, initial=position["step"], desc=f"{kind} dictionary",
-               unit="step", file=sys.stderr, disable=not (progress and leader), mininterval=1)
-    with bar:
-        for epoch in range(position["epoch"], epochs):
-            stream = first_epoch if epoch == 0 and first_epoch is not None else \
-                _epoch(activations, epoch, batch_size, seed)
-            for x in itertools.islice(stream, position["batch"], None):
-                for group in optimizer.param_groups:
-                    group["lr"] = lr * min(1.0, (position["step"] + 1) / warmup) if warmup > 0 else lr
-                _step(dictionary, optimizer, parallel.share(x).to(device), numbers, settings, position["step"],
-                      tokens=len(x))
-                position["batch"] += 1
-                position["step"] += 1
-                position["tokens"] += len(x)
-                bar.update()
-                due = checkpoint and leader and position["step"] % checkpoint_every == 0
-                if due or position["step"] % PROGRESS_EVERY == 0:
-                    bar.set_postfix(epoch=epoch + 1, **shown(numbers.read()), refresh=False)
-                if due:
-                    _write_checkpoint(checkpoint, dictionary, optimizer, settings, position, numbers.running,
-                                      since_fired)
-            last_epoch = numbers.read()
-            bar.set_postfix(epoch=epoch + 1, **shown(last_epoch), refresh=False)
-            position.update(epoch=epoch + 1, batch=0)
-            numbers.new_epoch()
-            if checkpoint and leader:
-                _write_checkpoint(checkpoint, dictionary, optimizer, settings, position, numbers.running, since_fired,
-                                  last_epoch=last_epoch)
-    if state is not None and position["epoch"] == state["position"]["epoch"]:
-        last_epoch = state["last_epoch"]   # it had already finished: nothing trained now
+    schedule = Schedule(epochs=None if steps is not None else epochs, steps=steps, warmup=warmup, lr=lr)
+
+    def epoch_batches(epoch: int) -> Iterator[Tensor]:
+        if epoch == 0 and first_epoch is not None:
+            return first_epoch
+        return epoch_order(activations, epoch, batch_size, seed)
+
+    def train_step(x: Tensor, step: int) -> int:
+        _step(dictionary, optimizer, parallel.share(x).to(device), numbers, settings, step, tokens=len(x))
+        return len(x)
+
+    def save(last_epoch: dict | None) -> None:
+        write_checkpoint(checkpoint, dictionary, optimizer, settings, position, numbers.running, since_fired,
+                          last_epoch=last_epoch)
+
+    total = schedule.total(math.ceil(count / batch_size) if count else None)
+    with tqdm(total=total, initial=position["step"], desc=f"{kind} dictionary", unit="step", file=sys.stderr,
+              disable=not (progress and leader), mininterval=1) as bar:
+        last_epoch = run_schedule(epoch_batches, train_step, schedule=schedule, position=position, numbers=numbers,
+                                  optimizer=optimizer, bar=bar, save=save if checkpoint and leader else None,
+                                  checkpoint_every=checkpoint_every)
+    if last_epoch is None:   # it had already finished: nothing trained now
+        last_epoch = state["last_epoch"]
+    dictionary.eval()
     how = {key: value for key, value in settings.items() if key != "origin"}   # the origin has its own place
-    dictionary.training_record = {**how, "epochs": epochs, "steps": position["step"], "tokens": position["tokens"],
-                                  "last_epoch": last_epoch}
-    return dictionary.eval()
+    fvu = fitted_fvu(dictionary, activations, batch_size, seed)
+    passes = epochs if steps is None else round(position["tokens"] / count, 3) if count else None
+    dictionary.training_record = {**how, "epochs": passes, "steps": position["step"], "tokens": position["tokens"],
+                                  "last_epoch": last_epoch, "fvu": fvu,
+                                  **({"warning": warning} if (warning := fit_warning(fvu)) else {})}
+    if warning and leader:   # said once, like the progress
+        warnings.warn(warning, stacklevel=2)
+    return dictionary
+
+
+def check_schedule(sources: Sequence[Activations], *, expansion: int | None, epochs: int, steps: int | None,
+                   batch_size: int, checkpoint_every: int, warmup: int) -> None:
+    """Refuses, in words, a schedule or setting `train` and `train_across` cannot run on `sources` (one model's
+    activations, or each model's)."""
+    for name, value in (("expansion", expansion), ("epochs", epochs), ("steps", steps), ("batch_size", batch_size),
+                        ("checkpoint_every", checkpoint_every)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ConceptsError(f"{name} must be a whole number of at least 1, not {value!r}.")
+    if not isinstance(warmup, int) or warmup < 0:
+        raise ConceptsError(f"warmup must be a whole number of steps (0: none), not {warmup!r}.")
+    one_pass = any(is_one_pass(source) for source in sources)
+    if one_pass and steps is not None:
+        raise ConceptsError(f"steps={steps} may need the activations more than once, and an iterator can be read "
+                            f"only once: pass a tensor or a re-iterable (a list, a cache) instead, or epochs=1.")
+    if one_pass and epochs > 1:
+        raise ConceptsError(f"{epochs} epochs need the activations {epochs} times, and an iterator can be read only "
+                            f"once: pass a tensor or a re-iterable (a list, a cache) instead.")
+
+
+def fitted_fvu(dictionary: Dictionary, activations: Activations, batch_size: int, seed: int) -> float:
+    """The finished dictionary's FVU on the first FIT_TOKENS tokens of its data in training order (a one-pass
+    iterator, read already: NaN)."""
+    from .metrics import metrics
+
+    if is_one_pass(activations):
+        return math.nan
+    head, _ = head_of(epoch_order(activations, 0, batch_size, seed), FIT_TOKENS)
+    return metrics(dictionary, torch.cat(head)[:FIT_TOKENS]).fvu
 
 
 def shown(progress: dict) -> dict:
@@ -336,9 +449,11 @@ def _initialised(cls: type[Dictionary], head: list[Tensor] | None, settings: dic
     return dictionary
 
 
-def _epoch(activations: Activations, epoch: int, batch_size: int, seed: int) -> Iterator[Tensor]:
+def epoch_order(activations: Activations, epoch: int, batch_size: int, seed: int) -> Iterator[Tensor]:
     """One pass over the activations in training order: a tensor's tokens in a permutation drawn from (seed,
-    epoch), an iterable's in its own order."""
+    epoch), passes' in the order they draw from them, an iterable's in its own order."""
+    if isinstance(activations, Passes):
+        return batches(activations.epoch(epoch, seed), batch_size)
     count = token_count(activations)
     if count is None:
         return batches(activations, batch_size)
@@ -347,7 +462,7 @@ def _epoch(activations: Activations, epoch: int, batch_size: int, seed: int) -> 
     return batches(activations, batch_size, order=order)
 
 
-def _head(stream: Iterator[Tensor], tokens: int) -> tuple[list[Tensor], Iterator[Tensor]]:
+def head_of(stream: Iterator[Tensor], tokens: int) -> tuple[list[Tensor], Iterator[Tensor]]:
     """The first batches of `stream` that hold at least `tokens` tokens (or all of them), and the rest."""
     head, held = [], 0
     for x in stream:
@@ -358,7 +473,7 @@ def _head(stream: Iterator[Tensor], tokens: int) -> tuple[list[Tensor], Iterator
     return head, stream
 
 
-def _write_checkpoint(path: Path, dictionary: Dictionary, optimizer: torch.optim.Optimizer, settings: dict,
+def write_checkpoint(path: Path, dictionary: Dictionary, optimizer: torch.optim.Optimizer, settings: dict,
                       position: dict, running: Tensor, since_fired: Tensor, *, last_epoch: dict | None = None) -> None:
     """The training state, written through a temporary file renamed into place."""
     state = {"settings": json.dumps(settings, sort_keys=True), "d": dictionary.d,
@@ -370,7 +485,7 @@ def _write_checkpoint(path: Path, dictionary: Dictionary, optimizer: torch.optim
     os.replace(tmp, path)
 
 
-def _read_checkpoint(path: Path, settings: dict, device: torch.device) -> dict:
+def read_checkpoint(path: Path, settings: dict, device: torch.device) -> dict:
     """A checkpoint of this run (its settings equal `settings`), or a ConceptsError that says why not."""
     try:
         state = torch.load(path, map_location=device, weights_only=True)
