@@ -85,6 +85,7 @@ EXPECTED = {   # line start -> the rest of it; one line each
                          rf"steps/s \({TIMES}\), Overcomplete's train_sae [\d.]+ steps/s \({TIMES}\), {AT_LEAST}$",
     # --quick has no bundled dictionaries to time the tab with
     "concepts tab": r": skipped \(needs the bundled pair and its bundled dictionaries; not with --quick\)$",
+    "concepts at ImageNet scale": r": skipped \(measures ViT-B/16 at full size; not with --quick\)$",
 }
 
 

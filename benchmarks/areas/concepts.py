@@ -7,6 +7,7 @@ import importlib.util
 import shutil
 import sys
 import types
+import warnings
 
 import torch
 
@@ -20,6 +21,8 @@ from workbench import PHOTO, Bench, photos
 CACHE_TARGET = 0.9   # at least: throughput of caching / throughput of the traced forwards alone
 TRAIN_TARGET = 1.0   # at least: vitviz's training steps/s / Overcomplete's
 TAB_SECONDS = 0.2    # at most: the Concepts tab on top of an Explain (bundled pair, CPU)
+IMAGENET_IMAGES = 1_281_167   # ImageNet-1k's training split
+PATCHES = 196                 # ViT-B/16's patch tokens at 224 px (its class token left out)
 
 
 def at_least(ratio: float, target: float) -> str:
@@ -34,6 +37,7 @@ def measure(bench: Bench, items: set[str]) -> None:
     tokens = caching(bench, vit, data)
     training(bench, tokens)
     tab(bench)
+    at_scale(bench)
 
 
 def caching(bench: Bench, vit, data: Dataset) -> torch.Tensor:
@@ -121,3 +125,35 @@ def tab(bench: Bench) -> None:
     extra = t["concepts"].median - t["explain"].median
     report(f"concepts tab, bundled pair: Explain {t['explain']}, Explain then the Concepts tab {t['concepts']}: the "
            f"tab adds {extra:.3f} s (target <= {TAB_SECONDS} s) {'OK' if extra <= TAB_SECONDS else 'MISSED'}")
+
+
+def at_scale(bench: Bench) -> None:
+    """What a dictionary of ViT-B/16's block 8 over ImageNet-1k costs, from rates measured here: its traced
+    forwards to block 8 (batch 32, 224 px: what caching runs) and TopK training steps at its width (d 768, 8 x:
+    6,144 concepts, k 32, 4,096 tokens a step); projected to one pass over ImageNet-1k's 1.28 M images (251 M patch
+    tokens), their float32 cache on disk, and the default run's steps (one pass)."""
+    if bench.quick:
+        report("concepts at ImageNet scale: skipped (measures ViT-B/16 at full size; not with --quick)")
+        return
+    _, loaded = bench.vit_base
+    pixels = torch.randn(32, 3, 224, 224, device=bench.device)
+    tokens = torch.randn(3 * 4096, 768)
+
+    def forwards():
+        with torch.inference_mode(), bench.amp():
+            loaded.model.trace(pixels, attention=False)
+
+    def steps():
+        concepts.train(tokens, kind="topk", k=32, expansion=8, batch_size=4096, norm_tokens=4096, progress=False,
+                       device=bench.device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)   # random tokens: the poor fit is expected
+        t = bench.time({"forwards": forwards, "steps": steps})
+    images_per_s, steps_per_s = 32 / t["forwards"].median, 3 / t["steps"].median
+    total = IMAGENET_IMAGES * PATCHES
+    report(f"concepts at ImageNet scale, ViT-B/16 block 8 on {bench.device.type}: traced forwards (whole model, as "
+           f"caching runs them) {images_per_s:.1f} "
+           f"images/s (batch 32), TopK training {steps_per_s:.2f} steps/s (d 768, 6144 concepts, k 32, 4096 tokens); "
+           f"ImageNet-1k's {IMAGENET_IMAGES / 1e6:.2f} M images = {total / 1e6:.0f} M tokens, "
+           f"{total * 768 * 4 / 1e9:.0f} GB cached in float32: caching {IMAGENET_IMAGES / images_per_s / 3600:.1f} h, "
+           f"one pass of training ({total // 4096} steps) {total / 4096 / steps_per_s / 3600:.1f} h")
