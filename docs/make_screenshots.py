@@ -114,7 +114,7 @@ def tabs(page) -> None:
     shoot_tab(page, "decide")
 
     page.get_by_role("tab", name="Concepts").click()   # opening it reads the bundled pair's own dictionaries
-    page.locator("#concepts-note").get_by_text("most active").first.wait_for(timeout=SLOW)
+    page.locator("#concepts-words-a table").first.wait_for(timeout=SLOW)
     drawn(page, "#concepts-a", "#concepts-b")
     shoot_tab(page, "concepts")
 

@@ -2,6 +2,7 @@
 locally loaded models (`vitviz.load` and `photo.readers`, run here, not through the app), the exemplar index read
 by `load_exemplars` and a match read by `Matches.load`; one model pass per photo and pair of dictionaries; the
 refusals in words; and the launched app from a real browser and a real client."""
+import json
 import os
 import pickle
 import shutil
@@ -64,6 +65,14 @@ def shown_order(reference) -> list[int]:
     """The concepts a column shows for one model's own dictionary: the grid's top, then the class token's others."""
     return list(dict.fromkeys([*reference.top.tolist(), *([] if reference.class_top is None else
                                                           reference.class_top.tolist())]))
+
+
+def table_of(words: str) -> list[dict[str, str]]:
+    """A column's Markdown table, read back: a dict per row, keyed by the heads."""
+    lines = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in words.splitlines()
+             if line.startswith("|")]
+    heads, rows = lines[0], lines[2:]   # the second line sets the alignment
+    return [dict(zip(heads, row)) for row in rows]
 
 
 def photos_folder(tmp: Path) -> Path:
@@ -143,20 +152,26 @@ def test_the_cards_draw_photo_pys_reading_its_exemplars_and_removals_on_the_bund
             assert region == pytest.approx(crop_region(run.loaded.transform, thumbnail.shape[:2]))
         column = kept.columns[side]
         assert column.frequency == pytest.approx(index.frequency[order].numpy())
-        removed, words = reference.removed.tolist(), (shown.words_a, shown.words_b)[side]
-        for number, concept in enumerate(order, 1):
+        removed, rows = reference.removed.tolist(), table_of((shown.words_a, shown.words_b)[side])
+        assert [row["concept"] for row in rows] == [str(c) for c in order]   # a row per card, in the cards' order
+        for row, concept in zip(rows, order):
             k = removed.index(concept)
             assert column.removal.without[concept] == (pytest.approx(float(reference.without[k])),
                                                        run.label(int(reference.top_without[k])))
-            line = next(line for line in words.splitlines() if line.startswith(f"{number}. **concept {concept}**: "))
             target, before, after = run.label(reference.target), reference.probability, float(reference.without[k])
-            assert (f"without it {target} stays at {concepts.percent(before)}" if abs(after - before) < 5e-4 else
-                    f"without it {target} {concepts.change(before, after)}") in line
+            top = run.label(int(reference.top_without[k]))
+            assert row["without it"] == (f"{target} stays at {concepts.percent(before)}" if abs(after - before) < 5e-4
+                                         else f"{target} {concepts.change(before, after)}"
+                                         + ("" if top == target else f" ({top} on top)"))
+            codes = reference.codes[:, concept]
+            assert row["code"] == f"{codes.mean():.2f}" and row["photo"] == concepts.percent(float((codes > 0).mean()))
         strongest = max(order, key=lambda c: abs(column.removal.without[c][0] - reference.probability))
-        assert f"Removing concept {strongest} moves the prediction most" in shown.note
+        assert f"removing concept {strongest} moves the prediction most" in shown.note
+        assert "held-out FVU" not in shown.note   # these copies have no metrics.json beside them
         assert reference.class_top is not None, "the bundled pair's dictionaries read the class token too"
+        at_class = {row["concept"]: row["class token"] for row in rows}
         for concept, code in zip(reference.class_top.tolist(), reference.class_codes[reference.class_top]):
-            assert f"{concept} ({code:.2f})" in shown.note   # at the class token
+            assert at_class[str(concept)] == f"{code:.2f}"
     assert not overlays and not tiles
     assert "Two separate dictionaries: no match of" in shown.note and "No exemplar images" not in shown.note
     # a concept's top images are drawn once a process: drawn again, the cards are the same and no tile is redrawn
@@ -225,9 +240,10 @@ def test_one_dictionary_across_both_models_shows_the_same_concepts_in_both_colum
         for (args, _), concept in zip(maps, order):
             np.testing.assert_allclose(args[1], reference.concept_map(concept), rtol=1e-5, atol=1e-6)
         assert reference.no_removal == ACROSS_REMOVAL and ACROSS_REMOVAL in shown.note
-    words = (f"Both fire on this photo: {', '.join(map(str, both))}; only vit-cifar10: {', '.join(map(str, only_a))}"
-             f"; only cvt-cifar10: {', '.join(map(str, only_b)) or 'none'}.")
-    assert words in shown.note and "has no exemplar index" in shown.note
+    for words, only in ((shown.words_a, only_a), (shown.words_b, only_b)):
+        assert {row["concept"]: row["both models"] for row in table_of(words)} == {
+            **{str(c): "both" for c in both}, **{str(c): "only this one" for c in only}}
+    assert "One dictionary across both models" in shown.note and "has no exemplar index" in shown.note
 
 
 def test_two_separate_dictionaries_show_their_matched_pairs_from_a_match_beside_them(tmp_path, monkeypatch):
@@ -256,10 +272,12 @@ def test_two_separate_dictionaries_show_their_matched_pairs_from_a_match_beside_
             assert partner == (b, pytest.approx(rho), pytest.approx(float(references[1].codes[:, b].mean())))
         else:
             assert partner is None
-    pairs = ", ".join(f"{a} ~ {b} ({rho:.2f})" for a, b, rho in zip(top_a, top_b, (0.9, 0.5, 0.25)))
-    assert f"vit-cifar10's concept ~ cvt-cifar10's (correlation): {pairs}." in shown.note
-    caption = concepts.card_note(shared.session(key).reading(("concepts", *sources)), 0, 0)
-    assert f"matched to cvt-cifar10's concept {top_b[0]} (correlation 0.90" in caption
+    matched = {str(a): f"{b} ({rho:.2f})" for a, b, rho in zip(top_a, top_b, (0.9, 0.5, 0.25))}
+    rows = table_of(shown.words_a)
+    assert {row["concept"]: row["match"] for row in rows} == {
+        row["concept"]: matched.get(row["concept"], "none") for row in rows}
+    assert "their concepts matched by the correlation of their maps" in shown.note
+    assert "*match*, cvt-cifar10's concept whose map goes with it (correlation)" in shown.words_a
 
 
 def test_a_click_lists_the_concepts_active_at_the_token_under_it_in_both_models(allowed):
@@ -287,6 +305,9 @@ def test_one_model_pass_per_photo_and_dictionaries_and_redrawing_or_clicking_run
                         asked.append(list(sources)) or compute(names, picture, pixels, sources, prompts))
     first = concepts.render_concepts(key, *DICTIONARIES)
     assert asked == [list(DICTIONARIES)]
+    for name, line in zip(DICTIONARIES, first.note.split("\n\n")):   # the held-out FVU in metrics.json beside each
+        fvu = json.loads((catalog.BUNDLED_DICTIONARIES[name].path / "metrics.json").read_text())["fvu"]
+        assert f"through **{name}** (" in line and f"; held-out FVU {fvu:.3f})" in line
     found = shared.session(key).reading(("concepts", *DICTIONARIES))
     crossed = pickle.dumps(found)   # as ZeroGPU's worker hands it back: plain data, no weights
     assert len(crossed) < 2_000_000 and b"torch.nn" not in crossed and b"Parameter" not in crossed
@@ -334,7 +355,7 @@ def test_refusals_and_what_does_not_apply_are_said_in_words(tmp_path, monkeypatc
     cnn = shown.note.split("\n\n")[1]   # a CNN's concepts are of its positions; its blocks' output is what it reads
     assert cnn.startswith(f"**resnet-cifar10** through **resnet-cifar10-last** (block "
                           f"{last_block('resnet-cifar10')[0] + 1}'s positions, 512 concepts")
-    assert "moves the prediction most: without it cat" in cnn
+    assert "moves the prediction most, cat" in cnn
 
 
 # ---- the launched app ------------------------------------------------------------------------------------
@@ -373,7 +394,8 @@ def test_concepts_is_one_documented_endpoint_and_answers_from_a_real_client(serv
         assert len(cards) >= 8 and all(Path(card["image"]).is_file() for card in cards)
         assert all(card["caption"].isdigit() for card in cards)
     assert "moves the prediction most" in note and "No exemplar images" not in note and point == concepts.POINT_WORDS
-    assert words_a.startswith("**vit-cifar10**\n\n1. **concept ") and words_b.startswith("**cvt-cifar10**\n\n1. ")
+    for name, words, cards in zip(PAIR, (words_a, words_b), (cards_a, cards_b)):
+        assert words.startswith(f"**{name}**, card by card") and len(table_of(words)) == len(cards)
     note, cards_a, cards_b, *_ = client.predict("", "vit-cifar10-last", api_name="/concepts")
     assert "No dictionary is chosen for vit-cifar10" in note and cards_a == cards_b == []
 
@@ -418,7 +440,7 @@ def test_a_person_reads_both_models_concepts_with_their_maps_and_exemplars_and_c
         note = page.locator("#concepts-note").inner_text()
         assert "No exemplar images" not in note and all(f"{name} through" in note for name in PAIR)
         for gallery, words in (("#concepts-a", "#concepts-words-a"), ("#concepts-b", "#concepts-words-b")):
-            assert page.locator(f"{words} li").count() == page.locator(f"{gallery} img").count()   # one per card
+            assert page.locator(f"{words} tbody tr").count() == page.locator(f"{gallery} img").count()   # one per card
         page.evaluate("document.querySelectorAll('#tabs *').forEach(e => { e.scrollTop = 0; })")
         page.locator("#tabs").screenshot(path=str(screenshots / "8-concepts.png"))
         image = page.locator("#input-image img").first
@@ -430,5 +452,17 @@ def test_a_person_reads_both_models_concepts_with_their_maps_and_exemplars_and_c
         assert all(f"{name}, cell (" in words for name in PAIR)
         page.locator("#concepts-point").scroll_into_view_if_needed()
         page.screenshot(path=str(screenshots / "8-concepts-click.png"))
+        page.set_viewport_size({"width": 390, "height": 844})   # a phone: each picker's name whole, clear of its arrow
+        for box, name in zip(("#concepts-dictionary-a", "#concepts-dictionary-b"), DICTIONARIES):
+            field = page.locator(f"{box} input")
+            field.fill(name)
+            text_end = field.evaluate("""e => { const style = getComputedStyle(e);
+                const pen = document.createElement('canvas').getContext('2d');
+                pen.font = style.font;
+                const start = e.getBoundingClientRect().x + parseFloat(style.paddingLeft);
+                return start + pen.measureText(e.value).width; }""")
+            assert text_end <= page.locator(f"{box} .dropdown-arrow").bounding_box()["x"], box
+        page.locator("#concepts-dictionary-a").scroll_into_view_if_needed()
+        page.screenshot(path=str(screenshots / "8-concepts-390.png"))
         browser.close()
     assert server.process.poll() is None

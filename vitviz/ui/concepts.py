@@ -9,6 +9,7 @@ One model pass reads it all (`gpu.concepts`, once per photo and pair of dictiona
 cards and the click are drawn from what it returned."""
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -26,16 +27,14 @@ from .shared import HIDDEN, INSTANT, MODEL_EVENTS, WHOLE, Page, as_files, run_po
 
 TITLE = "Concepts"
 UNCHANGED = 5e-4      # a probability that moves less than this is said not to move
-WORDS = ("**What each model represents, one concept at a time.** A concept dictionary (a sparse autoencoder) "
-         "splits a block's tokens into a few of many learned directions, its concepts. Each card is one of the "
-         "photo's most active concepts: its map over the photo (the brighter, the stronger it fires; hatched: what "
-         "the model never saw) and its top images from the data set the dictionary's exemplar index was built on, "
-         "with where it fires in them; the list under the cards says how strongly and how often each fires and "
-         "what removing it from the block (the rest of the model run on what is left) does to the top class. "
-         "Choose the same dictionary across both models for both columns (**across-cifar10** for the bundled ones) "
-         "to see the same concept in both; click the photo to list the concepts active at that place.")
+WORDS = ("**What each model represents, one concept at a time.** A concept dictionary (a sparse autoencoder) splits "
+         "a block's tokens into many learned directions, its concepts; each card is one of the photo's most active, "
+         "where it fires on the photo (hatched: unseen) over its top images from a data set, and the table under "
+         "the cards gives its numbers. One dictionary for both (**across-cifar10**) shows the same concept in both.")
 WAITING = "Press **Explain** first: this panel reads both models on the image."
 POINT_WORDS = "Click the photo (the input image at the top) to list the concepts active at that place in both models."
+TOKENS = {"patch": "patch tokens", "patch+cls": "patch and class tokens", "cls": "class token", "position": "positions"}
+METRICS = "metrics.json"   # what `vitviz concepts evaluate` writes beside a dictionary, its held-out FVU among them
 
 
 class Shown(NamedTuple):
@@ -95,39 +94,70 @@ def change(before: float, after: float) -> str:
     return f"{percent(before, digits)} -> {percent(after, digits)}"
 
 
-def moved(removal: gpu.Removal, concept: int) -> str | None:
-    """What removing `concept` does to the top class, in words (None where it was not measured)."""
+def moved(removal: gpu.Removal, concept: int) -> str:
+    """What removing `concept` does to the top class, in words ('' where it was not measured)."""
     if concept not in removal.without:
-        return None
+        return ""
     probability, top = removal.without[concept]
     if abs(probability - removal.probability) < UNCHANGED and top == removal.target:
-        return f"without it {removal.target} stays at {percent(removal.probability)}"
-    words = f"without it {removal.target} {change(removal.probability, probability)}"
-    return words + (f", the top class becomes {top}" if top != removal.target else "")
+        return f"{removal.target} stays at {percent(removal.probability)}"
+    words = f"{removal.target} {change(removal.probability, probability)}"
+    return words + (f" ({top} on top)" if top != removal.target else "")
 
 
-def card_note(found: gpu.Concepts, side: int, k: int) -> str:
-    """What the list under a column's cards says of its k-th concept: how strongly and how often it fires, on the
-    photo and over the data set, at the class token, in the other model, and what removing it does."""
+def table_rows(found: gpu.Concepts, side: int) -> tuple[list[str], list[list[str]]]:
+    """A column's table, one row per card in gallery order: (the heads, the rows). How strongly its concept fires on
+    the photo, on how much of it and of the data set, at the class token, in the other model, and what removing it
+    does; a part the column lacks (no exemplar index, no class token, no removal) has no column."""
     column = found.columns[side]
-    concept = int(column.concepts[k])
-    parts = [f"mean code {column.activation[k]:.2f}, on {percent(column.on_photo[k])} of the photo's cells"
-             if column.on_photo[k] > 0 else "it does not fire on the photo's cells"]
-    if column.frequency is not None:
-        parts.append(f"fires on {percent(column.frequency[k])} of the tokens of {Path(column.data).name}")
     at_class = dict(column.class_top or ())
-    if concept in at_class:
-        parts.append(f"at the class token {at_class[concept]:.2f}")
+    parts = [("concept", lambda k, c: str(c)), ("code", lambda k, c: f"{column.activation[k]:.2f}"),
+             ("photo", lambda k, c: percent(column.on_photo[k]))]
+    if column.frequency is not None:
+        parts.append(("data", lambda k, c: percent(column.frequency[k])))
+    if column.class_top is not None:
+        parts.append(("class token", lambda k, c: f"{at_class[c]:.2f}" if c in at_class else ""))
     if found.both is not None:
-        parts.append("both models use it" if concept in found.both else "only this model uses it")
+        parts.append(("both models", lambda k, c: "both" if c in found.both else "only this one"))
     if column.partners is not None:
-        partner = column.partners[k]
-        other = found.columns[1 - side].model
-        parts.append(f"{other} has no match for it" if partner is None else
-                     f"matched to {other}'s concept {partner[0]} (correlation {partner[1]:.2f}, mean code here "
-                     f"{partner[2]:.2f})")
-    removal = column.removal and moved(column.removal, concept)
-    return "; ".join(parts + ([removal] if removal else []))
+        parts.append(("match", lambda k, c: "none" if column.partners[k] is None else
+                      f"{column.partners[k][0]} ({column.partners[k][1]:.2f})"))
+    if column.removal is not None:
+        parts.append(("without it", lambda k, c: moved(column.removal, c)))
+    rows = [[cell(k, int(c)) for _, cell in parts] for k, c in enumerate(column.concepts)]
+    return [head for head, _ in parts], rows
+
+
+def table_words(run: ModelRun, found: gpu.Concepts, side: int) -> str:
+    """The line above a column's table: what its numbers are."""
+    column = found.columns[side]
+    words = [f"**{run.name}**, card by card: *code*, how strongly each fires on the photo; *photo*, on what share of "
+             f"its cells"]
+    if column.frequency is not None:
+        words.append(f"*data*, of {Path(column.data).name}'s tokens")
+    if column.partners is not None:
+        words.append(f"*match*, {found.columns[1 - side].model}'s concept whose map goes with it (correlation)")
+    if column.removal is not None:
+        words.append(f"*without it*, the top class with it removed from block {column.block + 1}")
+    return "; ".join(words) + "."
+
+
+def table(run: ModelRun, found: gpu.Concepts, side: int) -> str:
+    """A column's concepts as a Markdown table, under the line that says what its numbers are."""
+    heads, rows = table_rows(found, side)
+    numbers = {"concept", "code", "photo", "data", "class token"}   # right-aligned
+    lines = [heads, ["---:" if head in numbers else "---" for head in heads], *rows]
+    return table_words(run, found, side) + "\n\n" + "\n".join(f"| {' | '.join(line)} |" for line in lines)
+
+
+def held_out_fvu(source: str) -> float | None:
+    """The FVU `vitviz concepts evaluate` measured on held-out images, from the metrics.json beside the dictionary
+    (None: it has none, as a dictionary from the Hub or one across models, whose report is an R² matrix)."""
+    folder = gpu.dictionary_folder(source)
+    report = None if folder is None else folder / METRICS
+    if report is None or not report.is_file():
+        return None
+    return json.loads(report.read_text()).get("fvu")
 
 
 def card_photo(run: ModelRun, column: gpu.ConceptReading) -> np.ndarray:
@@ -159,64 +189,48 @@ def exemplar_tiles(images: tuple[gpu.ConceptImage, ...], side: int) -> tuple[np.
 
 
 def cards(run: ModelRun, found: gpu.Concepts, side: int) -> tuple[list, str]:
-    """A column's cards for its gallery, each captioned with its concept, and what each says, numbered in gallery
-    order, as page text (a gallery cuts a caption to its thumbnail's width)."""
+    """A column's cards for its gallery, each captioned with its concept, and their table as page text (a gallery
+    cuts a caption to its thumbnail's width)."""
     column = found.columns[side]
     if isinstance(column, str):
         return [], ""
     base = card_photo(run, column)
     items = [(card(run, column, k, base), f"{int(c)}") for k, c in enumerate(column.concepts)]
-    words = "\n".join(f"{k}. **concept {int(c)}**: {card_note(found, side, k - 1)}"
-                      for k, c in enumerate(column.concepts, 1))
-    return items, f"**{run.name}**\n\n{words}"
-
-
-def listed(concepts: list[tuple[int, float]]) -> str:
-    return ", ".join(f"{c} ({code:.2f})" for c, code in concepts) or "none"
+    return items, table(run, found, side)
 
 
 def column_words(run: ModelRun, column: gpu.ConceptReading | str) -> str:
-    """A column's paragraph: its dictionary, the photo's concepts, the class token's, and what removal does."""
+    """A column's line: its dictionary (with its held-out FVU where its folder records one), and the concept whose
+    removal moves the prediction most, or why there is no removal or no exemplar image."""
     if isinstance(column, str):
         return f"**{run.name}**: {column}"
-    tokens = {"patch": "patch tokens", "patch+cls": "patch and class tokens", "cls": "class token",
-              "position": "positions"}.get(column.tokens, column.tokens)
-    activation = dict(zip(column.concepts.tolist(), column.activation.tolist()))
-    lines = [f"**{run.name}** through **{column.source}** (block {column.block + 1}'s {tokens}, {column.n_concepts} "
-             f"concepts, on a {column.grid[0]} x {column.grid[1]} grid): the photo's most active concepts (mean "
-             f"code) {listed([(c, activation[c]) for c in column.top.tolist()])}."]
-    if column.class_top is not None:
-        lines.append(f"At the class token, which its classifier reads: {listed(column.class_top)}.")
+    fvu = held_out_fvu(column.source)
+    what = (f"**{run.name}** through **{column.source}** (block {column.block + 1}'s "
+            f"{TOKENS.get(column.tokens, column.tokens)}, {column.n_concepts} concepts, {column.grid[0]} x "
+            f"{column.grid[1]} grid" + ("" if fvu is None else f"; held-out FVU {fvu:.3f}") + ")")
     if column.removal is not None:
         changes = {c: p - column.removal.probability for c, (p, _) in column.removal.without.items()}
         strongest = max(changes, key=lambda c: abs(changes[c]))
-        if abs(changes[strongest]) < UNCHANGED:
-            lines.append(f"Removing any one of them leaves {column.removal.target} at "
-                         f"{percent(column.removal.probability)}.")
-        else:
-            lines.append(f"Removing concept {strongest} moves the prediction most: {moved(column.removal, strongest)}.")
+        what += (f": removing any one concept leaves {column.removal.target} at {percent(column.removal.probability)}"
+                 if abs(changes[strongest]) < UNCHANGED else
+                 f": removing concept {strongest} moves the prediction most, {moved(column.removal, strongest)}")
     elif column.removal_words:
-        lines.append(f"No removal: {column.removal_words}")
+        what += f". No removal: {column.removal_words}"
     if column.exemplars is None:
-        lines.append(f"No exemplar images: {column.exemplar_words}")
-    return " ".join(lines)
+        what += f". No exemplar images: {column.exemplar_words}"
+    return what if what.endswith(".") else what + "."
 
 
-def shared_words(runs_: list[ModelRun], found: gpu.Concepts) -> str:
-    """The line on the concepts both models use (one dictionary across both), or on their matched pairs."""
+def shared_words(found: gpu.Concepts) -> str:
+    """The line on what the two columns share: one dictionary across both, or two matched, or why not matched."""
     if found.both is not None:
-        (a, b), (only_a, only_b) = runs_, found.only
-        return (f"One dictionary across both models, so a concept is the same in both columns. Both fire on this "
-                f"photo: {', '.join(map(str, found.both)) or 'none of them'}; only {a.name}: "
-                f"{', '.join(map(str, only_a)) or 'none'}; only {b.name}: {', '.join(map(str, only_b)) or 'none'}.")
+        return ("One dictionary across both models: a concept is the same in both columns, those both fire on the "
+                "photo first.")
     if found.match_words:
         return f"Two separate dictionaries: {found.match_words}"
-    column = found.columns[0]
-    if isinstance(column, str) or column.partners is None:
-        return ""
-    pairs = [f"{c} ~ {p[0]} ({p[1]:.2f})" for c, p in zip(column.concepts, column.partners) if p is not None]
-    return (f"Two separate dictionaries, matched by the correlation of their concepts' maps: {runs_[0].name}'s "
-            f"concept ~ {runs_[1].name}'s (correlation): {', '.join(pairs) or 'none of these has a match'}.")
+    if any(not isinstance(column, str) and column.partners is not None for column in found.columns):
+        return "Two separate dictionaries, their concepts matched by the correlation of their maps over a data set."
+    return ""
 
 
 def render_concepts(key, dictionary_a, dictionary_b) -> Shown:
@@ -226,7 +240,7 @@ def render_concepts(key, dictionary_a, dictionary_b) -> Shown:
         return Shown(WAITING, [], [], "", "", "")
     runs_, found = runs(key), reading(key, dictionary_a, dictionary_b)
     (cards_a, words_a), (cards_b, words_b) = (cards(run, found, side) for side, run in enumerate(runs_))
-    lines = [column_words(run, column) for run, column in zip(runs_, found.columns)] + [shared_words(runs_, found)]
+    lines = [column_words(run, column) for run, column in zip(runs_, found.columns)] + [shared_words(found)]
     return Shown("\n\n".join(line for line in lines if line), cards_a, cards_b, words_a, words_b, POINT_WORDS)
 
 
@@ -299,14 +313,14 @@ class ConceptsTab:
 
 def layout(page: Page) -> ConceptsTab:
     key, point = page.key, page.point
-    info = "a bundled or catalog dictionary, a Hub id (owner/name), or a folder the server's owner allows"
+    info = "bundled, from the catalog, a Hub id (owner/name) or a folder the server allows"
     with gr.Tab(TITLE, id="concepts") as tab:
         gr.Markdown(WORDS)
         with gr.Row(equal_height=True):
             dictionary_a, dictionary_b = (
                 gr.Dropdown(dictionaries_for(model.value), value=default_dictionary(model.value),
                             allow_custom_value=True, label=f"{side}: dictionary", info=info, scale=2,
-                            elem_id=f"concepts-dictionary-{letter}")
+                            min_width=260, elem_id=f"concepts-dictionary-{letter}")
                 for side, letter, model in (("left", "a", page.model_a), ("right", "b", page.model_b)))
             read = gr.Button("Read the concepts", variant="primary", scale=1, elem_id="concepts-read")
         note = gr.Markdown(label="what each model finds", elem_id="concepts-note")
@@ -314,10 +328,12 @@ def layout(page: Page) -> ConceptsTab:
         with gr.Row(equal_height=False):
             with gr.Column():
                 concepts_a = gr.Gallery(label="left: the photo's concepts", columns=2, **WHOLE, elem_id="concepts-a")
-                words_a = gr.Markdown(label="left: each concept", elem_id="concepts-words-a")
+                words_a = gr.Markdown(label="left: each concept", elem_id="concepts-words-a",
+                                      elem_classes="concept-table")
             with gr.Column():
                 concepts_b = gr.Gallery(label="right: the photo's concepts", columns=2, **WHOLE, elem_id="concepts-b")
-                words_b = gr.Markdown(label="right: each concept", elem_id="concepts-words-b")
+                words_b = gr.Markdown(label="right: each concept", elem_id="concepts-words-b",
+                                      elem_classes="concept-table")
 
     with tab:   # not among the top-level Tabs' children, which Gradio's frontend counts as its tabs' indices
         is_open = gr.State(False)

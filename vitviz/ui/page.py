@@ -39,8 +39,9 @@ CMAPS = ["viridis", "inferno", "turbo", "magma"]
 PAIR_TABS = {"DINOv2 vs DINOv2 with registers": ("tokens", "registers")}
 PAIRS_AWAY = "Greyed pairs need the Hugging Face Hub."   # which cannot be reached, and their models are not cached
 # the page's own rules over Gradio's: an image's label and buttons (fullscreen, download, share) in a row above the
-# picture, not over its top (a colour bar's largest value, a chart's top line), at any width; and a failed event
-# said once, in its message, the panels keeping what they showed instead of each saying "Error"
+# picture, not over its top (a colour bar's largest value, a chart's top line), at any width; a failed event said
+# once, in its message, the panels keeping what they showed instead of each saying "Error"; the Concepts tab's
+# tables compact, whole words in their cells, their numbers right-aligned, scrolling sideways on a phone
 STYLE = """
 .block:has(> .image-container) { display: flex; flex-flow: column nowrap; }
 .block:has(> .image-container) > label[data-testid="block-label"] {
@@ -50,6 +51,10 @@ STYLE = """
     padding-top: 1.75rem; }
 .image-container:fullscreen { position: relative; }
 [data-testid="status-tracker"]:has(> .error) { display: none; }
+.concept-table table { display: block; overflow-x: auto; word-break: normal; }
+.concept-table :is(th, td) { padding: 0.15rem 0.5rem; white-space: nowrap; }
+.concept-table [align="right"] { text-align: right; }
+.concept-table td:last-child { white-space: normal; min-width: 9rem; }
 """
 # after an answer: the comparison line brought into view where it is out of it (on a phone it lies below the pairs
 # and the example photos); where it is in view nothing moves
