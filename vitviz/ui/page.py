@@ -51,10 +51,11 @@ STYLE = """
     padding-top: 1.75rem; }
 .image-container:fullscreen { position: relative; }
 [data-testid="status-tracker"]:has(> .error) { display: none; }
-.concept-table table { display: block; overflow-x: auto; word-break: normal; }
+.concept-table [data-testid="markdown"] { overflow-x: auto; }
+.concept-table table { word-break: normal; }
 .concept-table :is(th, td) { padding: 0.15rem 0.5rem; white-space: nowrap; }
-.concept-table [align="right"] { text-align: right; }
 .concept-table td:last-child { white-space: normal; min-width: 9rem; }
+.concept-table [align="right"] { text-align: right; }
 """
 # after an answer: the comparison line brought into view where it is out of it (on a phone it lies below the pairs
 # and the example photos); where it is in view nothing moves
