@@ -314,7 +314,7 @@ def heatmap(matrix: np.ndarray, rows: Sequence[str], cols: Sequence[str], *, row
     """A CKA matrix as an RGB image, layer names on the axes; colours clamped to [0, 1] (the values are not)."""
     from matplotlib.figure import Figure
 
-    from .render.anatomy import _figure_to_rgb
+    from .render.plots import figure_to_rgb
 
     fig = Figure(figsize=(max(5.0, 1.8 + 0.38 * len(cols)), max(3.2, 1.6 + 0.3 * len(rows))), dpi=100)
     ax = fig.add_subplot()
@@ -326,7 +326,7 @@ def heatmap(matrix: np.ndarray, rows: Sequence[str], cols: Sequence[str], *, row
     ax.set_title(title, fontsize=9)
     fig.colorbar(image, ax=ax, fraction=0.05, pad=0.03).ax.tick_params(labelsize=7)
     fig.tight_layout()
-    return _figure_to_rgb(fig)
+    return figure_to_rgb(fig)
 
 
 def heatmaps(result: CKAResult, names: tuple[str, str], *, tokens: str) -> dict[str, np.ndarray]:

@@ -365,7 +365,7 @@ def timeline_plot(times: Sequence[float], top1: dict[str, Sequence[float]], labe
     models' agreement (rank correlation of their maps) per frame."""
     from matplotlib.figure import Figure
 
-    from .render.anatomy import PLOT_COLOURS, _figure_to_rgb
+    from .render.plots import PLOT_COLOURS, figure_to_rgb
 
     fig = Figure(figsize=(6.4, 3.4), dpi=125, layout="constrained")   # 800 x 425 px, its text readable at half that
     top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=(2, 1))
@@ -392,7 +392,7 @@ def timeline_plot(times: Sequence[float], top1: dict[str, Sequence[float]], labe
     bottom.set_ylabel("maps agree (ρ)")
     bottom.set_xlabel("time (s)")
     bottom.grid(alpha=0.3)
-    return _figure_to_rgb(fig)
+    return figure_to_rgb(fig)
 
 
 # ---- the whole video ---------------------------------------------------------------------------------------------

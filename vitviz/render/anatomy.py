@@ -21,12 +21,10 @@ from torch import nn
 
 from ..explain.artefacts import OUTLIER_Z, outliers
 from .canvas import Canvas, as_map
-from .captions import BLACK, HIGHLIGHTS, STRIP, WHITE, Ink, put_text, text_box, tile
+from .captions import BLACK, STRIP, WHITE, Ink, put_text, text_box, tile
 from .geometry import Field
 from .overlay import SIGNED_CMAP, colorize, normalise, overlay, with_colorbar
-
-# plot line colours, one per model or method: vermillion, sky blue, bluish green, orange, purple (Okabe & Ito)
-PLOT_COLOURS = tuple(np.array(HIGHLIGHTS[k]) / 255 for k in (4, 1, 2, 0, 5))
+from .plots import PLOT_COLOURS, figure_to_rgb
 
 
 def pca(x: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
@@ -169,13 +167,6 @@ def _message_panel(lines: Sequence[str], side: int) -> np.ndarray:
     return panel
 
 
-def _figure_to_rgb(fig) -> np.ndarray:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    canvas = FigureCanvasAgg(fig)
-    canvas.draw()
-    return np.asarray(canvas.buffer_rgba())[..., :3].copy()
-
-
 def attention_distance_plot(distances: Mapping[str, Sequence[Sequence[float]]], *,
                             unit: str = "model-input px") -> np.ndarray:
     """Mean attention distance of every head against depth (ViT paper, fig. 7 right), one colour per
@@ -203,7 +194,7 @@ def attention_distance_plot(distances: Mapping[str, Sequence[Sequence[float]]], 
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
     fig.tight_layout()
-    return _figure_to_rgb(fig)
+    return figure_to_rgb(fig)
 
 
 def faithfulness_plot(*, fractions, deletion: Mapping[str, Sequence[float]],
@@ -232,7 +223,7 @@ def faithfulness_plot(*, fractions, deletion: Mapping[str, Sequence[float]],
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    return _figure_to_rgb(fig)
+    return figure_to_rgb(fig)
 
 
 def outlier_tokens(norms, *, z: float = OUTLIER_Z) -> np.ndarray:

@@ -8,10 +8,10 @@ from typing import Mapping, Sequence
 import cv2
 import numpy as np
 
-from .anatomy import PLOT_COLOURS, _figure_to_rgb
 from .canvas import Canvas
 from .captions import STRIP, WHITE, Ink, put_text
 from .geometry import Field
+from .plots import PLOT_COLOURS, figure_to_rgb
 
 # a token's top class: Okabe & Ito's colour-blind-safe palette without black (orange, sky blue, bluish green,
 # yellow, blue, vermillion, reddish purple); the classes beyond it share grey
@@ -38,7 +38,7 @@ def lens_plot(curves: Mapping[str, tuple[Sequence[float], Sequence[float]]], *,
     ax.set_title("the logit lens: when each model commits to its class", loc="left", fontsize=10)
     ax.grid(alpha=0.3)
     fig.legend(fontsize=8, loc="outside lower center", ncol=3, frameon=False)   # clear of the page's overlays
-    return _figure_to_rgb(fig)
+    return figure_to_rgb(fig)
 
 
 def residual_plot(shares: Mapping[str, tuple[Sequence[float], Sequence[float], Sequence[float]]]) -> np.ndarray:
@@ -61,7 +61,7 @@ def residual_plot(shares: Mapping[str, tuple[Sequence[float], Sequence[float], S
     ax.set_title("the residual stream: what each block passes on against what it adds", loc="left", fontsize=10)
     ax.grid(alpha=0.3)
     fig.legend(fontsize=8, loc="outside lower center", ncol=2, frameon=False)
-    return _figure_to_rgb(fig)
+    return figure_to_rgb(fig)
 
 
 def class_colours(*class_maps: np.ndarray) -> dict[int, tuple[int, int, int]]:
@@ -144,7 +144,7 @@ def reach_plot(reaches: Mapping[str, tuple[Sequence[float], Sequence[float], Seq
     ax.set_title("how far each layer looks: effective receptive field radii", loc="left", fontsize=10)
     ax.grid(alpha=0.3)
     fig.legend(fontsize=7, loc="outside lower center", ncol=2, frameon=False)
-    return _figure_to_rgb(fig)
+    return figure_to_rgb(fig)
 
 
 def receptive_view(canvas: Canvas, values, *, centre: tuple[float, float], r50: float, r90: float,

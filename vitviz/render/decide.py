@@ -8,9 +8,9 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ..explain.patching import Patching
-from .anatomy import PLOT_COLOURS, _figure_to_rgb
 from .canvas import Canvas
 from .overlay import SIGNED_CMAP, overlay, with_colorbar
+from .plots import PLOT_COLOURS, figure_to_rgb
 
 MAX_WIDTH = 12.0   # inches: the widest heatmap
 
@@ -41,7 +41,7 @@ def contribution_bars(tables: Mapping[str, dict]) -> np.ndarray:
         ax.grid(alpha=0.3, axis="y")
         ax.legend(fontsize=8)
     fig.tight_layout()
-    return _figure_to_rgb(fig)
+    return figure_to_rgb(fig)
 
 
 def signed_heatmap(values, *, title: str, xlabel: str, ylabel: str = "block",
@@ -65,7 +65,7 @@ def signed_heatmap(values, *, title: str, xlabel: str, ylabel: str = "block",
     ax.set_title(title, fontsize=9)
     fig.colorbar(image, ax=ax, fraction=0.05)
     fig.tight_layout()
-    return _figure_to_rgb(fig)
+    return figure_to_rgb(fig)
 
 
 def head_heatmap(heads, *, title: str, rows: Sequence[str] | None = None) -> np.ndarray:

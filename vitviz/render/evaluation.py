@@ -6,8 +6,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from .anatomy import PLOT_COLOURS, _figure_to_rgb
 from .captions import HIGHLIGHTS
+from .plots import PLOT_COLOURS, figure_to_rgb
 
 # one colour per method: the five plot colours, then Okabe & Ito's blue, black and yellow
 COLOURS = (*PLOT_COLOURS, np.array((0, 114, 178)) / 255, np.zeros(3), np.array(HIGHLIGHTS[3]) / 255)
@@ -46,4 +46,4 @@ def evaluation_plot(panels: Mapping[str, Mapping[str, Band]], *, fractions: Mapp
     legend.legend(handles.values(), handles.keys(), loc="center", fontsize=9, title="mean and 95 % interval")
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()
-    return _figure_to_rgb(fig)
+    return figure_to_rgb(fig)
