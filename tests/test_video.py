@@ -17,7 +17,8 @@ from PIL import Image
 
 import vitviz
 from vitviz import video as clips
-from vitviz.session import agreement, explain_image
+from vitviz.agreement import agreement
+from vitviz.session import explain_image
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 PAIR = ("vit-cifar10", "cvt-cifar10")

@@ -8,14 +8,12 @@ A model without a classifier (DINO, DINOv2) has no predictions: `top()` is empty
 that explain a class explain instead the similarity of its pooled output to a reference direction
 (`explain.SimilarityTarget`: its own pooled output, or the output of the token under a point).
 
-Every model pass goes through `MODEL_GATE`, which bounds how many run at once (the app's GPU or
+Every model pass goes through `gate.MODEL_GATE`, which bounds how many run at once (the app's GPU or
 CPU is never oversubscribed, whoever calls).
 """
 from __future__ import annotations
 
-import os
 import threading
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Sequence
 
@@ -24,34 +22,9 @@ import torch
 from PIL import Image
 
 from . import explain, render
+from .gate import MODEL_GATE
 from .models.trace import BlockTrace, Trace
 from .render.geometry import MAX_SIDE
-
-
-class ModelGate:
-    """A bounded number of model passes at once, with a record of the most ever seen running."""
-
-    def __init__(self, slots: int):
-        self.slots = slots
-        self._semaphore = threading.BoundedSemaphore(slots)
-        self._lock = threading.Lock()
-        self.running = self.peak = self.passes = 0
-
-    @contextmanager
-    def __call__(self):
-        with self._semaphore:
-            with self._lock:
-                self.running += 1
-                self.passes += 1
-                self.peak = max(self.peak, self.running)
-            try:
-                yield
-            finally:
-                with self._lock:
-                    self.running -= 1
-
-
-MODEL_GATE = ModelGate(int(os.environ.get("VITVIZ_MODEL_SLOTS", "1")))
 
 
 @dataclass(frozen=True)
@@ -353,36 +326,3 @@ def explain_images(images: Sequence[Image.Image], loaded, *, batch_size: int = 8
         for i, (image, trace) in enumerate(zip(chunk, trace_batch(loaded, pixels))):
             runs.append(ModelRun(loaded, image, pixels=pixels[i:i + 1], trace=trace))
     return runs
-
-
-def agreement(a: render.Canvas, b: render.Canvas, map_a: np.ndarray, map_b: np.ndarray, *,
-              cells: int = 32) -> float | None:
-    """Spearman rank correlation of two models' token maps (each on its model's canvas of the same image) over
-    the image region both models saw, after resampling each onto the same `cells`-wide lattice of the original
-    image (their grids differ)."""
-    seen = a.seen(a.field(grid=map_a.shape)) & b.seen(b.field(grid=map_b.shape))
-    if a.size != b.size or seen.sum() < 4:
-        return None
-    h, w = a.size
-    step = max(1, max(h, w) // cells)
-    ys, xs = np.mgrid[step // 2:h:step, step // 2:w:step]
-    keep = seen[ys, xs]
-    va = a.sample(map_a, a.field(grid=map_a.shape), at=(ys, xs))[keep]
-    vb = b.sample(map_b, b.field(grid=map_b.shape), at=(ys, xs))[keep]
-    return spearman(va, vb)
-
-
-def spearman(x: np.ndarray, y: np.ndarray) -> float | None:
-    """Spearman's rank correlation of two equal-length samples (ties share their mean rank); None where one of
-    them is constant, so has no ranking."""
-    def ranks(v):   # average ranks for ties
-        order = np.argsort(v, kind="stable")
-        r = np.empty(len(v))
-        r[order] = np.arange(len(v))
-        _, inverse, counts = np.unique(v, return_inverse=True, return_counts=True)
-        sums = np.bincount(inverse, weights=r)
-        return (sums / counts)[inverse]
-    rx, ry = ranks(np.asarray(x, float)), ranks(np.asarray(y, float))
-    if rx.std() == 0 or ry.std() == 0:
-        return None
-    return float(np.corrcoef(rx, ry)[0, 1])

@@ -46,10 +46,12 @@ import torch
 from PIL import Image
 
 from . import __version__, explain, render
+from .agreement import agreement, spearman
 from .export import model_entry, npy_bytes, png_bytes, safe_name, write_atomic
+from .gate import MODEL_GATE
 from .models.trace import Embedding
 from .render.geometry import MAX_SIDE
-from .session import MODEL_GATE, MapRequest, agreement, autocast, class_map, overview_method, spearman
+from .session import MapRequest, autocast, class_map, overview_method
 
 DEFAULT_FPS = 8.0
 MAX_FPS = 60.0

@@ -27,10 +27,10 @@ from PIL import Image
 
 from .. import catalog, compare, explain, hub, render
 from ..export import Decided, decide_reading
+from ..gate import MODEL_GATE
 from ..image import ImageError, read_image
 from ..models.trace import Trace
 from ..session import (
-    MODEL_GATE,
     MapRequest,
     ModelRun,
     autocast,

@@ -11,10 +11,11 @@ from typing import NamedTuple
 import gradio as gr
 
 from .. import catalog, hub
+from ..agreement import agreement
 from ..explain import METHODS
+from ..gate import MODEL_GATE
 from ..preprocess import PROMPT_TEMPLATE
 from ..render import DEFAULT_CMAP, per_uniform, shared_scale
-from ..session import MODEL_GATE, agreement
 from ..views import map_view
 from . import (
     anatomy,

@@ -14,8 +14,9 @@ import numpy as np
 from gradio.utils import get_upload_folder
 from PIL import Image
 
+from ..gate import MODEL_GATE
 from ..preprocess import prompts_from_text
-from ..session import MODEL_GATE, ModelRun
+from ..session import ModelRun
 from .store import Session, SessionStore
 
 SESSIONS = SessionStore(int(os.environ.get("VITVIZ_SESSIONS", "16")))
