@@ -11,7 +11,7 @@ import numpy as np
 from PIL import Image
 
 from vitviz import hub
-from vitviz.concepts import activations
+from vitviz.concepts.activations import cache as activations
 from vitviz.concepts.build import cache_layers, train_layers
 from vitviz.data import Dataset
 from vitviz.distributed import ranks

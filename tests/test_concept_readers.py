@@ -23,7 +23,7 @@ from safetensors.torch import load_file, save_file
 from hub_server import CodeInPickle, files_of
 from vitviz import catalog, concepts
 from vitviz.concepts import ConceptsError, Origin, Standard, TopK
-from vitviz.concepts.jumprelu import JumpReLU
+from vitviz.concepts.kinds.jumprelu import JumpReLU
 
 SAELENS = Path(__file__).parent / "fixtures" / "saelens"
 SAELENS_CASES = {   # case -> the vitviz kind it reads as, and the block of its hook

@@ -23,7 +23,7 @@ from scipy.optimize import linear_sum_assignment
 from interrupting import Interrupting
 from vitviz import concepts
 from vitviz.concepts import BatchTopK, ConceptsError, Origin, Standard, TopK
-from vitviz.concepts.train import auxk, remove_parallel_gradient
+from vitviz.concepts.train.single import auxk, remove_parallel_gradient
 
 ORIGIN = Origin(model="vit-cifar10", revision="main", block=6, tokens="patch")
 
@@ -335,7 +335,7 @@ def test_steps_count_the_run_across_passes_and_a_later_call_extends_them(tmp_pat
 
 def test_the_command_lines_schedule_is_long_enough_and_warms_up_a_tenth_of_it():
     from vitviz.concepts.build import schedule_of
-    from vitviz.concepts.train import TRAINING_TOKENS
+    from vitviz.concepts.train.single import TRAINING_TOKENS
 
     photos = 3000 * 64   # 3,000 CIFAR-10 images' 8 x 8 patch tokens: one pass is 47 steps of 4,096
     assert schedule_of(photos, epochs=None, steps=None, warmup=None, batch_size=4096) == {
@@ -359,7 +359,7 @@ def test_a_dictionary_that_explains_little_says_so_in_words_and_its_record_keeps
                           progress=False)
     assert good.training_record["fvu"] < 0.5 and "warning" not in good.training_record
     assert good.training_record["fvu"] == pytest.approx(concepts.metrics(good, x).fvu, abs=0.05)   # its first tokens
-    from vitviz.concepts.train import fit_warning
+    from vitviz.concepts.train.single import fit_warning
     assert "less of its layer than the layer's mean does (FVU 1.10, at least 1)" in fit_warning(1.1)
 
 

@@ -1,4 +1,5 @@
-"""vitviz.concepts.across: one dictionary across models (Thasarathan et al. 2025), its training, metrics and files.
+"""vitviz.concepts' dictionary across models (Thasarathan et al. 2025): its type, training, metrics and files
+(`kinds/across.py`, `train/across.py`, `analysis/across.py`, `files/across.py`).
 
 References are built independently: two planted "models" made from one sparse code with known atoms, a
 hand-worked case and a float64 numpy computation of the metrics, metrics.py's FVU for the diagonal, and
@@ -18,18 +19,10 @@ from scipy.optimize import linear_sum_assignment
 from interrupting import Interrupting
 from vitviz import concepts
 from vitviz.concepts import BatchTopK, ConceptsError, Origin, TopK
-from vitviz.concepts.across import (
-    COFIRING_FROM,
-    MANIFEST,
-    SHARED_FROM,
-    SPECIFIC_TO,
-    Across,
-    across_metrics,
-    matches,
-    read,
-    save_across,
-    train_across,
-)
+from vitviz.concepts.analysis.across import COFIRING_FROM, SHARED_FROM, SPECIFIC_TO, across_metrics
+from vitviz.concepts.files.across import MANIFEST, matches, read, save_across
+from vitviz.concepts.kinds.across import Across
+from vitviz.concepts.train.across import train_across
 
 COSINE = 0.9   # a true atom is found when a one-to-one matching gives it a decoder row at least this close
 

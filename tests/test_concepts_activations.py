@@ -10,8 +10,8 @@ from PIL import Image
 
 from vitviz import hub
 from vitviz.concepts import ConceptsError, load
-from vitviz.concepts.activations import block_tokens, cache_activations
-from vitviz.concepts.align import align, in_photo, token_rectangles
+from vitviz.concepts.activations.align import align, in_photo, token_rectangles
+from vitviz.concepts.activations.cache import block_tokens, cache_activations
 from vitviz.concepts.build import alignment_of, cache_layers
 from vitviz.data import Dataset, open_folder
 from vitviz.preprocess import Transform
@@ -84,7 +84,7 @@ def test_the_cache_is_made_once_keyed_by_layer_and_resumes(vit, tmp_path, monkey
     assert cache_activations(vit.at_size(48), data, block=-1, root=tmp_path, progress=False).folder != first.folder
 
     shards = sorted(first.folder.glob("shard-*"))
-    monkeypatch.setattr("vitviz.concepts.activations.SHARD_IMAGES", 2)
+    monkeypatch.setattr("vitviz.concepts.activations.cache.SHARD_IMAGES", 2)
     split = cache_activations(vit, data, block=-1, root=tmp_path / "small", progress=False)
     assert len(split.shards) == 3 and len(shards) == 1
     split.shards[1].unlink()   # an interrupted run: one shard never written
@@ -114,7 +114,7 @@ def test_the_pipelined_cache_writes_the_shards_a_plain_loop_writes_bit_for_bit(v
     broken = 3
     data = Dataset(name="photos with a broken one", ids=tuple(map(str, range(7))), labels=None, classes=None,
                    source=lambda i: b"not an image at all" if i == broken else images[i])
-    monkeypatch.setattr("vitviz.concepts.activations.SHARD_IMAGES", 4)
+    monkeypatch.setattr("vitviz.concepts.activations.cache.SHARD_IMAGES", 4)
     shards = {workers: [load_tensors(shard.read_bytes()) for shard in cache_activations(
         vit, data, block=-1, root=tmp_path / f"workers-{workers}", progress=False, batch_size=3,
         workers=workers).shards] for workers in (0, 2)}
@@ -234,7 +234,7 @@ def test_caching_and_training_under_torchrun_equal_one_process(tmp_path, monkeyp
     from pathlib import Path
 
     import concepts_cache_ranks as script
-    from vitviz.concepts import activations
+    from vitviz.concepts.activations import cache as activations
     from vitviz.concepts.build import train_layers
 
     root = Path(__file__).resolve().parents[1]

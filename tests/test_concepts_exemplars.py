@@ -18,9 +18,9 @@ from safetensors.torch import load as load_tensors, save as save_tensors
 
 from vitviz import concepts, hub
 from vitviz.concepts import ConceptsError, Origin, TopK
-from vitviz.concepts.activations import block_tokens, cache_activations
-from vitviz.concepts.align import align, in_photo
-from vitviz.concepts.exemplars import (
+from vitviz.concepts.activations.align import align, in_photo
+from vitviz.concepts.activations.cache import block_tokens, cache_activations
+from vitviz.concepts.analysis.exemplars import (
     FILE,
     HEADER_KEY,
     TopImages,
@@ -29,7 +29,7 @@ from vitviz.concepts.exemplars import (
     load_exemplars,
     save_exemplars,
 )
-from vitviz.concepts.own import checksum
+from vitviz.concepts.files.own import checksum
 from vitviz.data import Dataset
 
 ORIGIN = Origin(model="synthetic", block=0, tokens="patch")

@@ -16,8 +16,8 @@ import torch.nn.functional as F
 
 from vitviz import hub
 from vitviz.concepts import ConceptsError, Origin, TopK
-from vitviz.concepts.activations import block_tokens
-from vitviz.concepts.match import MATCHES_FILE, MATRIX_FILE, Correlation, Matches, Side, assignment, match
+from vitviz.concepts.activations.cache import block_tokens
+from vitviz.concepts.analysis.match import MATCHES_FILE, MATRIX_FILE, Correlation, Matches, Side, assignment, match
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

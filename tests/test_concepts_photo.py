@@ -11,9 +11,10 @@ from PIL import Image
 from vitviz import concepts, hub
 from vitviz.__main__ import main
 from vitviz.concepts import ConceptsError
-from vitviz.concepts.across import save_across, train_across
-from vitviz.concepts.photo import ACROSS_REMOVAL, readers, shared_concepts
-from vitviz.concepts.splice import concept_effects
+from vitviz.concepts.analysis.photo import ACROSS_REMOVAL, readers, shared_concepts
+from vitviz.concepts.analysis.splice import concept_effects
+from vitviz.concepts.files.across import save_across
+from vitviz.concepts.train.across import train_across
 from vitviz.session import ModelRun
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -25,7 +26,7 @@ def photos(n: int, seed: int = 0) -> list[Image.Image]:
 
 
 def tokens_of(loaded, images, block: int, kind: str) -> torch.Tensor:
-    from vitviz.concepts.activations import block_tokens
+    from vitviz.concepts.activations.cache import block_tokens
 
     with torch.inference_mode():
         trace = loaded.model.trace(torch.cat([loaded.preprocess(i) for i in images]), attention=False)

@@ -18,8 +18,8 @@ from scipy.stats import entropy
 
 from vitviz import hub
 from vitviz.concepts import ConceptsError, Origin, Standard, TopK
-from vitviz.concepts.activations import block_tokens
-from vitviz.concepts.splice import (
+from vitviz.concepts.activations.cache import block_tokens
+from vitviz.concepts.analysis.splice import (
     concept_effects,
     kl_divergence,
     site,

@@ -9,8 +9,8 @@ from PIL import Image
 
 from vitviz import concepts, hub
 from vitviz.concepts import ConceptsError
-from vitviz.concepts.activations import cache_activations
-from vitviz.concepts.stream import ShardStream
+from vitviz.concepts.activations.cache import cache_activations
+from vitviz.concepts.activations.stream import ShardStream
 from vitviz.data import Dataset
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -27,7 +27,7 @@ def cached(tmp_path_factory):
     data = Dataset(name="photos", ids=tuple(map(str, range(IMAGES))), labels=None, classes=None,
                    source=images.__getitem__)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("vitviz.concepts.activations.SHARD_IMAGES", SHARD_IMAGES)
+        patch.setattr("vitviz.concepts.activations.cache.SHARD_IMAGES", SHARD_IMAGES)
         return cache_activations(hub.load("vit-cifar10", device="cpu"), data, block=-1,
                                  root=tmp_path_factory.mktemp("cache"), progress=False)
 

@@ -17,12 +17,13 @@ import vitviz
 from tests.app_server import launch
 from vitviz import catalog
 from vitviz.concepts import TopK, save
-from vitviz.concepts.across import Across, save_across
-from vitviz.concepts.activations import cache_activations
-from vitviz.concepts.dictionary import Origin
-from vitviz.concepts.exemplars import exemplars_of, load_exemplars, save_exemplars
-from vitviz.concepts.match import Matches
-from vitviz.concepts.photo import ACROSS_REMOVAL, readers, shared_concepts
+from vitviz.concepts.activations.cache import cache_activations
+from vitviz.concepts.analysis.exemplars import exemplars_of, load_exemplars, save_exemplars
+from vitviz.concepts.analysis.match import Matches
+from vitviz.concepts.analysis.photo import ACROSS_REMOVAL, readers, shared_concepts
+from vitviz.concepts.files.across import save_across
+from vitviz.concepts.kinds.across import Across
+from vitviz.concepts.kinds.dictionary import Origin
 from vitviz.data import open_folder
 from vitviz.session import ModelRun
 from vitviz.ui import concepts, gpu, page, shared

@@ -213,9 +213,10 @@ def cmd_explain(args) -> int:
 
 
 def dictionaries_for(models: list, sources: list[str]) -> list:
-    """Each model's dictionary among `sources` (`concepts.photo.readers`), refused as a usage error in words."""
+    """Each model's dictionary among `sources` (`concepts.analysis.photo.readers`), refused as a usage error in
+    words."""
     from .concepts import ConceptsError
-    from .concepts.photo import readers
+    from .concepts.analysis.photo import readers
 
     try:
         return readers(models, sources)
@@ -446,7 +447,7 @@ def cmd_concepts_evaluate(args) -> int:
 
 def cmd_concepts_match(args) -> int:
     from .concepts import ConceptsError, load
-    from .concepts.match import Side, match
+    from .concepts.analysis.match import Side, match
     from .data import open_data, spread
 
     if args.limit is not None and args.limit < 1:
@@ -572,7 +573,7 @@ def parser() -> argparse.ArgumentParser:
 
 def concepts_parser(sub) -> None:
     """`concepts train` (and the other concept commands) under the main parser."""
-    from .concepts.activations import TOKENS as CONCEPT_TOKENS
+    from .concepts.activations.cache import TOKENS as CONCEPT_TOKENS
     from .concepts.build import DEFAULT_CACHE
     from .concepts.kinds import KINDS
 

@@ -109,7 +109,7 @@ def image_files(run: ModelRun, methods: Sequence[str], *, formats: Sequence[str]
     in `formats` nothing is drawn (no overlays, grids or stage views), without 'npy' no arrays; `decide`:
     the direct logit attribution of the top class too (a model without a classifier has none), `decided`
     if computed elsewhere (the app's runs hold no weights), else computed here. `concepts`: a
-    `concepts.photo.Reader` for this model, whose codes of the photo go to concepts.npy (cells n, always:
+    `concepts.analysis.photo.Reader` for this model, whose codes of the photo go to concepts.npy (cells n, always:
     they are the reading itself) and its most active concepts to the manifest."""
     for method in methods:
         find_method(method)   # a ValueError naming the methods there are
@@ -155,7 +155,8 @@ def image_files(run: ModelRun, methods: Sequence[str], *, formats: Sequence[str]
 
 
 def concept_files(reading, files: dict[str, bytes], *, source: str) -> dict:
-    """A photo's concepts (`concepts.photo.PhotoConcepts`) into `files` (concepts.npy); their manifest entry."""
+    """A photo's concepts (`concepts.analysis.photo.PhotoConcepts`) into `files` (concepts.npy); their manifest
+    entry."""
     files[CONCEPTS] = npy_bytes(reading.codes)
     return {"dictionary": source, "block": reading.block, "grid": list(reading.grid), "file": CONCEPTS,
             "concepts": int(reading.codes.shape[1]),
@@ -200,7 +201,7 @@ def export_image(out: Path, image_id: str, path: Path, image, runs: list, method
                  decided: Sequence[Decided | None] | None = None, concepts: Sequence | None = None) -> dict:
     """One image's files for every model, written to OUT/<image>/<model>/; its manifest entry (the CLI's
     output folder, and the folder the app zips). `decided`: each run's attribution if computed elsewhere;
-    `concepts`: each run's `concepts.photo.Reader` or None."""
+    `concepts`: each run's `concepts.analysis.photo.Reader` or None."""
     entry = {"id": image_id, "path": str(path), "size": [image.height, image.width], "models": []}
     for run, reading, reader in zip(runs, decided or [None] * len(runs), concepts or [None] * len(runs)):
         files, model_entry = image_files(run, methods, formats=formats, faithfulness_steps=faithfulness_steps,

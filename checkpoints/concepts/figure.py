@@ -14,7 +14,7 @@ import numpy as np
 from PIL import Image
 
 from vitviz.concepts import load
-from vitviz.concepts.exemplars import file_name, load_exemplars
+from vitviz.concepts.analysis.exemplars import file_name, load_exemplars
 from vitviz.render.captions import STRIP, Ink, put_text, tile
 from vitviz.render.concepts import exemplar_tile
 

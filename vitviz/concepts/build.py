@@ -5,10 +5,10 @@ models' grids aligned where there are two or more, one dictionary trained on the
         --expansion 8 --out DIR
     python -m vitviz concepts train --models vit-cifar10 cvt-cifar10 ... --out DIR   # one dictionary across both
 
-One model: its tokens of `tokens` kind (`activations.py`), every token of every image a training row, one
-dictionary (`train.py`) in `DIR/concepts.safetensors`. Two or more: each model's grid tokens resampled onto
-the cells every model shares (`align.py`), row r of each model being the same cell of the same image, and a
-dictionary across them (`across.py`) in `DIR`. Training checkpoints to `DIR/training.ckpt` and resumes from
+One model: its tokens of `tokens` kind (`activations/cache.py`), every token of every image a training row, one
+dictionary (`train/single.py`) in `DIR/concepts.safetensors`. Two or more: each model's grid tokens resampled onto
+the cells every model shares (`activations/align.py`), row r of each model being the same cell of the same image, and a
+dictionary across them (`train/across.py`) in `DIR`. Training checkpoints to `DIR/training.ckpt` and resumes from
 it; the cache lives under `cache` (default `runs/activations`) and is read again by the next training of the
 same layers. Under torchrun the shards of the cache are shared out by rank and training is data-parallel.
 """
@@ -27,13 +27,13 @@ from torch import Tensor
 from ..data import Dataset
 from ..distributed import Ranks
 from ..export import write_atomic
-from .activations import Cached, cache_activations
-from .align import Alignment, align, in_photo
-from .batches import Activations, token_count
-from .dictionary import ConceptsError
-from .own import FILE, save
-from .stream import BUFFER, ShardStream
-from .train import BATCH_SIZE, default_steps, default_warmup, train
+from .activations.align import Alignment, align, in_photo
+from .activations.batches import Activations, token_count
+from .activations.cache import Cached, cache_activations
+from .activations.stream import BUFFER, ShardStream
+from .files.own import FILE, save
+from .kinds.dictionary import ConceptsError
+from .train.single import BATCH_SIZE, default_steps, default_warmup, train
 
 CHECKPOINT = "training.ckpt"
 SUMMARY = "training.json"
@@ -109,7 +109,8 @@ def train_layers(loaded: Sequence, layers: Layers, *, out: str | Path, leader: b
             save(dictionary, out / FILE)
         record = dictionary.training_record
     else:
-        from .across import save_across, train_across
+        from .files.across import save_across
+        from .train.across import train_across
 
         dictionary = train_across(rows, models=[o["model"] for o in origins],
                                   revisions=[o["revision"] for o in origins], blocks=[o["block"] for o in origins],
@@ -128,9 +129,10 @@ def train_layers(loaded: Sequence, layers: Layers, *, out: str | Path, leader: b
 
 
 def training_rows(layers: Layers, buffer: int | None) -> list[Activations]:
-    """What training reads: one model's tokens in memory, or streamed from the cache (`stream.py`) when `buffer`
-    is given or they would take more than IN_MEMORY of this machine's memory; several models' aligned rows in
-    memory (a dictionary across models does not stream: a layer that large is refused, in words)."""
+    """What training reads: one model's tokens in memory, or streamed from the cache (`activations/stream.py`)
+    when `buffer` is given or they would take more than IN_MEMORY of this machine's memory; several models'
+    aligned rows in memory (a dictionary across models does not stream: a layer that large is refused, in
+    words)."""
     bytes_of = [len(c.shards) and sum(shard.stat().st_size for shard in c.shards) for c in layers.cached]
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     too_large = sum(bytes_of) > IN_MEMORY * memory
@@ -164,8 +166,8 @@ def exemplar_indexes(loaded: Sequence, dictionary, data: Dataset, *, folder: str
     """The exemplar index of a dictionary (one model) or of each model of a dictionary across models (on the
     cells they share), over the images `indices` of `data`, written into the dictionary's `folder`; -> the files.
     The layers are read through the cache like training's (its blocks and tokens from the dictionary)."""
-    from .across import Across
-    from .exemplars import exemplars_of, file_name, save_exemplars
+    from .analysis.exemplars import exemplars_of, file_name, save_exemplars
+    from .kinds.across import Across
 
     per_model = dictionary.dictionaries if isinstance(dictionary, Across) else {dictionary.model: dictionary}
     by_name = {m.name: m for m in loaded}
@@ -190,12 +192,13 @@ def exemplar_indexes(loaded: Sequence, dictionary, data: Dataset, *, folder: str
 def evaluate_dictionary(loaded: Sequence, dictionary, data: Dataset, *, root: str | Path,
                         indices: Sequence[int] | None, progress: bool = True) -> dict:
     """What `concepts evaluate` reports of a dictionary over the images `indices` of `data` (a held-out split):
-    one model's FVU, L0, dead and dense shares (`metrics.py`) and its spliced-in agreement, KL and accuracies
-    (`splice.py`, or in words why its block cannot be spliced); across models, the R² matrix, each concept's
-    firing entropy and the shares of shared and model-specific concepts (`across.across_metrics`)."""
-    from .across import Across, across_metrics
-    from .metrics import metrics
-    from .splice import spliced_metrics
+    one model's FVU, L0, dead and dense shares (`analysis/metrics.py`) and its spliced-in agreement, KL and accuracies
+    (`analysis/splice.py`, or in words why its block cannot be spliced); across models, the R² matrix, each concept's
+    firing entropy and the shares of shared and model-specific concepts (`analysis.across.across_metrics`)."""
+    from .analysis.across import across_metrics
+    from .analysis.metrics import metrics
+    from .analysis.splice import spliced_metrics
+    from .kinds.across import Across
 
     per_model = dictionary.dictionaries if isinstance(dictionary, Across) else {dictionary.model: dictionary}
     by_name = {m.name: m for m in loaded}

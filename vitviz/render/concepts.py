@@ -2,9 +2,9 @@
 both on one card (near square, as a gallery shows its items; its words go beside it as page text).
 
 A concept's map is its code at each cell of a grid that tiles a rectangle of the photo evenly (the model's tokens
-as `concepts.align` cuts them, or the cells of a dictionary across models): the rectangle is given as `region`,
-(y0, x0, y1, x1) in fractions of the photo's height and width, so the same drawing serves the photo on its canvas
-and a thumbnail of any size. Each cell is coloured on its own (nearest: a cell is what the dictionary read), and
+as `concepts.activations.align` cuts them, or the cells of a dictionary across models): the rectangle is given as
+`region`, (y0, x0, y1, x1) in fractions of the photo's height and width, so the same drawing serves the photo on its
+canvas and a thumbnail of any size. Each cell is coloured on its own (nearest: a cell is what the dictionary read), and
 its opacity grows with the code, so the photo shows through where the concept does not fire:
 
     colour = cmap(u),   opacity = OPACITY · u,   u = clip(code / vmax, 0, 1)

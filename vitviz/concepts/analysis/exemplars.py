@@ -1,6 +1,6 @@
 """Each concept's top images from a data set, with where in them it fires: the exemplar index of a dictionary.
 
-    exemplars = exemplars_of(dictionary, cached, data, top=8)   # a cached layer of `data` (`activations.py`)
+    exemplars = exemplars_of(dictionary, cached, data, top=8)   # a cached layer of `data` (`activations/cache.py`)
     save_exemplars(exemplars, "dictionaries/vit-cifar10")        # beside concepts.safetensors
     exemplars = load_exemplars("dictionaries/vit-cifar10", dictionary=dictionary)
     for image, cells, value, index, id, label in exemplars.of(17): ...   # concept 17's top images and maps
@@ -34,7 +34,7 @@ The file, `exemplars.safetensors` beside the dictionary's (`FILE`), one safetens
              thumbnail_jpeg (the u JPEGs, concatenated)
     __metadata__ {"vitviz_exemplars": JSON}: format "vitviz-exemplars", version, n_concepts, top, grid, tokens
              (T), data (the data set's name), ids (the u images' ids in it), classes, model (whose images),
-             origin (the dictionary's), dictionary_sha256 (its tensors', as `own.checksum`), thumbnail_size (px),
+             origin (the dictionary's), dictionary_sha256 (its tensors', as `files.own.checksum`), thumbnail_size (px),
              sha256 (of the tensors above)
 
 The thumbnails are the data set's own images (`Dataset.image`), reduced to at most `thumbnail` pixels on the
@@ -58,13 +58,13 @@ from safetensors import SafetensorError
 from safetensors.torch import load as load_tensors, save as save_tensors
 from torch import Tensor
 
-from ..data import Dataset
-from ..export import safe_name, write_atomic
-from ..image import ImageError, read_image
-from .activations import Cached
-from .align import Alignment
-from .dictionary import ConceptsError, Dictionary, Origin
-from .own import checked_format, checksum, header_json
+from ...data import Dataset
+from ...export import safe_name, write_atomic
+from ...image import ImageError, read_image
+from ..activations.align import Alignment
+from ..activations.cache import Cached
+from ..files.own import checked_format, checksum, header_json
+from ..kinds.dictionary import ConceptsError, Dictionary, Origin
 
 FORMAT, VERSION = "vitviz-exemplars", 1
 FILE = "exemplars.safetensors"    # the file's name in a dictionary's folder
@@ -164,7 +164,7 @@ class Exemplars:
     thumbnail_size: int         # px, the longer side of a thumbnail at most
     model: str | None           # the model whose tokens were encoded
     origin: Origin              # the dictionary's
-    dictionary_sha256: str      # its tensors' SHA-256 (`own.checksum`): which dictionary the index belongs to
+    dictionary_sha256: str      # its tensors' SHA-256 (`files.own.checksum`): which dictionary the index belongs to
 
     @property
     def n_concepts(self) -> int:

@@ -1,7 +1,7 @@
 """A dictionary inside its model: spliced in (how much of what the model does survives the reconstruction), and
 one concept taken out (what that concept decides).
 
-Spliced in. Block L's output tokens x (`resid_post`, the rows the dictionary reads: `activations.TOKENS`) are
+Spliced in. Block L's output tokens x (`resid_post`, the rows the dictionary reads: `activations.cache.TOKENS`) are
 replaced by their reconstruction x̂ = decode(encode(x)); the other rows (a patch dictionary's class token)
 stay as they were, and the rest of the model runs on the result (`model.forward_from(L + 1, ...)`). Over N
 images, with p the unspliced model's prediction and q the spliced one's (softmax of the logits):
@@ -15,7 +15,7 @@ images, with p the unspliced model's prediction and q the spliced one's (softmax
 the spliced prediction with the model's own, not with the labels, so it needs none.)
 
 Concept removal. With codes z = encode(x) of one read token, concept i's part of x in raw activation space is
-scale · z_i W_dec[i] (`dictionary.py`: x̂ - offset = scale · (b_dec + Σ_i z_i W_dec[i]); for a dictionary that
+scale · z_i W_dec[i] (`kinds/dictionary.py`: x̂ - offset = scale · (b_dec + Σ_i z_i W_dec[i]); for a dictionary that
 normalises each token by its own statistics, scale is that token's σ_x or ‖x‖ / √d), and removing it gives
 
     x_without_i = x - scale · z_i W_dec[i]           at every read token (each with its own z_i and scale)
@@ -44,19 +44,19 @@ from PIL import Image
 from torch import Tensor
 from tqdm import tqdm
 
-from ..data import Dataset
-from ..evaluate import class_positions
-from ..explain.gradients import Target, resolve_target
-from ..image import ImageError
-from ..models.trace import BlockTrace, Trace
-from .activations import block_index, check_tokens, default_tokens
-from .dictionary import ConceptsError, Dictionary
+from ...data import Dataset
+from ...evaluate import class_positions
+from ...explain.gradients import Target, resolve_target
+from ...image import ImageError
+from ...models.trace import BlockTrace, Trace
+from ..activations.cache import block_index, check_tokens, default_tokens
+from ..kinds.dictionary import ConceptsError, Dictionary
 
 
 @dataclass(frozen=True)
 class Site:
     """Where a dictionary goes into a model: block `index` of the trace (counted from 0), the `tokens` kind it
-    reads and their `rows` in the block's output (class token first, as `activations.block_tokens` orders
+    reads and their `rows` in the block's output (class token first, as `activations.cache.block_tokens` orders
     them), and the `grid` the rest of the forward starts on."""
     index: int
     tokens: str
@@ -65,7 +65,8 @@ class Site:
 
 
 def token_rows(block: BlockTrace, tokens: str) -> Tensor:
-    """The rows of `block.tokens` that a dictionary of `tokens` kind reads, in `activations.block_tokens`' order."""
+    """The rows of `block.tokens` that a dictionary of `tokens` kind reads, in `activations.cache.block_tokens`'
+    order."""
     grid = list(range(block.prefix, block.tokens.shape[1])) if tokens != "cls" else []
     cls = [block.prefix_kinds.index("cls")] if "cls" in tokens else []
     return torch.tensor(cls + grid, dtype=torch.long, device=block.tokens.device)

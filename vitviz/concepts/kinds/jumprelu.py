@@ -8,7 +8,8 @@ non-negative whatever θ holds. These are SAELens's `jumprelu` codes (`JumpReLUS
 of pre > threshold), and SAELens writes a trained BatchTopK as one, every θ_i its learned threshold.
 
 vitviz reads these dictionaries from other tools' files and keeps them in its own; it does not train them (the
-threshold's straight-through gradient is not implemented), so `kinds.KINDS`, the kinds `train` takes, leaves it out.
+threshold's straight-through gradient is not implemented), so `KINDS` (`__init__.py`), the kinds `train` takes,
+leaves it out.
 """
 from __future__ import annotations
 

@@ -1,9 +1,15 @@
-"""What the readers of other tools' dictionary files share: their weights checked and put into a vitviz kind, the
-TransformerLens hook names they record turned into a block, and pickled state dicts read without running code.
+"""What the readers of dictionary files share: the shape of one (`Reader`), and for other tools' files, their weights
+checked and put into a vitviz kind, the TransformerLens hook names they record turned into a block, and pickled
+state dicts read without running code.
+
+A reader is a module for one layout (`own`, `across`, `saelens`, `saev`, `prisma`) with the three functions of
+`Reader`; `READERS` (`__init__.py`) lists them in the order `load` tries them. A new published layout is a new
+module of that shape and a place in that list.
 
 Every layout holds SAELens's four tensors, W_enc d n, b_enc n, W_dec n d and b_dec d, and a kind's own (JumpReLU's
 threshold n). `dictionary_from` checks that none is missing or unknown, that their shapes are the ones the file's
-config names and that they are finite, and folds into vitviz's formulas (`dictionary.py`) what the tool's differ in:
+config names and that they are finite, and folds into vitviz's formulas (`kinds/dictionary.py`) what the tool's
+differ in:
 
     b_dec not subtracted before the encoder (SAELens's apply_b_dec_to_input = false, saev's newer files):
         pre = x W_enc + b_enc = (x - b_dec) W_enc + (b_enc + b_dec W_enc)          b_enc <- b_enc + b_dec W_enc
@@ -14,7 +20,7 @@ each exact up to rounding: computed in float64, and kept in float64 where the fi
 as vitviz's dictionaries are (a float16 or bfloat16 file's weights are exact in float32).
 
 The normalisation is none (offset 0, scale 1), or one of each token by its own statistics (SAELens's and
-ViT-Prisma's layer_norm and constant_norm_rescale, `dictionary.TokenNormalisation`: `per_token`); the layouts that
+ViT-Prisma's layer_norm and constant_norm_rescale, `kinds.dictionary.TokenNormalisation`: `per_token`); the layouts that
 normalise with constants of the data set do not hold them (their readers refuse those files or say so).
 """
 from __future__ import annotations
@@ -23,18 +29,38 @@ import io
 import pickle
 import re
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch import Tensor
 
-from .. import catalog
-from .dictionary import UNKNOWN, ConceptsError, Dictionary, Origin
+from ... import catalog
+from ..kinds.dictionary import UNKNOWN, ConceptsError, Dictionary, Origin
 from .own import refuse_non_finite
+
+if TYPE_CHECKING:
+    from ..kinds.across import Across
 
 WEIGHTS = ("W_enc", "b_enc", "W_dec", "b_dec")
 HOOK = re.compile(r"blocks\.(\d+)\.hook_resid_(post|pre)")   # TransformerLens's residual stream around block L
 MODEL_PREFIXES = ("open-clip:", "hf-hub:")   # how ViT-Prisma and open_clip write a Hub model's name
+
+
+class Reader(Protocol):
+    """The shape of a reader of one dictionary layout: a module with these three functions (a module is a
+    `Protocol`'s implementation as a class instance is)."""
+
+    def matches(self, path: Path) -> bool:
+        """Whether the local file or folder `path` is in this layout."""
+
+    def read(self, path: Path) -> Dictionary | Across:
+        """A file or folder of this layout -> the dictionary, in eval mode on the CPU, or a ConceptsError in words."""
+
+    def fetch(self, get: Callable[..., Path | None], *, weights: str | None = None) -> Path | None:
+        """This layout's files from a Hub repo (`get(name, optional=)` downloads one) -> the local path for `read`,
+        or None where the repo does not hold this layout. `weights` names the weights file, where it varies."""
 
 
 def dictionary_from(cls: type[Dictionary], tensors: Mapping[str, Tensor], *, what: str, d: int, n_concepts: int,

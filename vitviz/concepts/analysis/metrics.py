@@ -31,8 +31,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .batches import Activations, batches
-from .dictionary import ConceptsError, Dictionary
+from ..activations.batches import Activations, batches
+from ..kinds.dictionary import ConceptsError, Dictionary
 
 DENSE_ABOVE = 0.01   # a concept firing on more than this share of tokens is dense
 

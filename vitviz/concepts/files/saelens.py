@@ -18,14 +18,14 @@ The architectures and their codes (SAELens's `encode`, pre = (x - b_dec) W_enc +
                 (architecture batchtopk) is read as that same JumpReLU, as `save_inference_model` would write it
 
 `apply_b_dec_to_input` false (the encoder reads x itself) and `rescale_acts_by_decoder_norm` (the TopK picks among
-pre · ‖W_dec[i]‖) are folded into the weights exactly (`foreign.py`). Refused, in words:
+pre · ‖W_dec[i]‖) are folded into the weights exactly (`layout.py`). Refused, in words:
 - `normalize_activations` expected_average_only_in, which scales the activations by a factor SAELens keeps in
   its registry of pretrained dictionaries, not in the folder, and covariance_whitening, whose matrix is not in the
   folder (SAELens folds it into the weights when it finishes training, and this folder was saved before); none,
   layer_norm and constant_norm_rescale (each token by its own mean and spread, or norm:
-  `dictionary.TokenNormalisation`, whose codes decode beside their tokens) are read;
+  `kinds.dictionary.TokenNormalisation`, whose codes decode beside their tokens) are read;
 - `reshape_activations` hook_z (attention heads' outputs, not a block's output tokens), a hook other than a
-  block's residual output (`foreign.block_of_hook`), and the other architectures (gated, matryoshka, transcoders);
+  block's residual output (`layout.block_of_hook`), and the other architectures (gated, matryoshka, transcoders);
 - a `scaling_factor` other than ones (SAELens before 6 fine-tuned one; SAELens 6 reads none);
 - a damaged file, missing or misshapen tensors, NaN weights.
 
@@ -41,11 +41,11 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from .dictionary import ConceptsError, Dictionary, Origin, TokenNormalisation
-from .foreign import block_of_hook, dictionary_from, model_of
-from .jumprelu import JumpReLU
-from .standard import Standard
-from .topk import TopK
+from ..kinds.dictionary import ConceptsError, Dictionary, Origin, TokenNormalisation
+from ..kinds.jumprelu import JumpReLU
+from ..kinds.standard import Standard
+from ..kinds.topk import TopK
+from .layout import block_of_hook, dictionary_from, model_of
 
 CONFIG, WEIGHTS = "cfg.json", "sae_weights.safetensors"
 

@@ -5,18 +5,20 @@ A tensor (..., d) is its tokens (all leading dimensions flattened); an iterable 
 arrays (..., d), each flattened the same way, and is re-cut into batches of `batch_size` tokens (the last
 one of a pass may be smaller). `Passes` (a cached layer streamed shard by shard, `stream.ShardStream`) are
 read pass by pass in an order drawn from a seed, re-cut the same way. Every token must have the same width,
-and only floating-point values are read (as float32).
+and only floating-point values are read (as float32). Several models' aligned activations (row r the same place
+of the same image in each, as a dictionary across models reads them) are read side by side (`aligned`).
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import itertools
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from .dictionary import ConceptsError
+from ..kinds.dictionary import ConceptsError
 
 
 @runtime_checkable
@@ -97,3 +99,65 @@ def _recut(activations: Iterable, batch_size: int) -> Iterator[Tensor]:
         yield torch.cat(pending)
     if not seen:
         raise ConceptsError("The activations hold no tokens.")
+
+
+def refuse_unlike_models(activations, models: Sequence[str]) -> None:
+    """A ConceptsError unless `activations` is a list (or tuple) of one model's activations per model."""
+    if not isinstance(activations, (list, tuple)) or len(activations) != len(models):
+        given = f"{len(activations)} sets of activations" if isinstance(activations, (list, tuple)) else \
+            f"a {type(activations).__name__}"
+        raise ConceptsError(f"A dictionary across models reads one set of activations per model, in a list in the "
+                            f"order of its models ({', '.join(models)}); {given} given.")
+
+
+def aligned_count(activations: Sequence[Activations], models: Sequence[str]) -> int | None:
+    """The number of rows each model's activations hold where that is known without reading them; refused
+    when the models' counts differ."""
+    counts = [token_count(model_activations) for model_activations in activations]
+    known = {model: count for model, count in zip(models, counts) if count is not None}
+    if len(set(known.values())) > 1:
+        listed = ", ".join(f"{model} {count}" for model, count in known.items())
+        raise ConceptsError(f"The activations are not aligned: the models hold different numbers of tokens "
+                            f"({listed}). Row r of every model's activations must be the same place of the same "
+                            f"image: resample the models' grids onto common cells first.")
+    return counts[0] if None not in counts else None
+
+
+def aligned(streams: Sequence[Iterator[Tensor]], models: Sequence[str]) -> Iterator[tuple[Tensor, ...]]:
+    """The models' batches side by side, refused where they stop holding the same number of rows."""
+    seen = 0
+    for rows in itertools.zip_longest(*streams):
+        lengths = [None if x is None else len(x) for x in rows]
+        if len(set(lengths)) > 1:
+            listed = ", ".join(f"{model} {'none' if length is None else length}" for model, length in
+                               zip(models, lengths))
+            raise ConceptsError(f"The activations are not aligned: after {seen} tokens, the next batch holds "
+                                f"different numbers of tokens ({listed}). Row r of every model's activations must "
+                                f"be the same place of the same image: resample the models' grids onto common "
+                                f"cells first.")
+        seen += lengths[0]
+        yield rows
+
+
+def epoch_order(activations: Activations, epoch: int, batch_size: int, seed: int) -> Iterator[Tensor]:
+    """One pass over the activations in training order: a tensor's tokens in a permutation drawn from (seed,
+    epoch), passes' in the order they draw from them, an iterable's in its own order."""
+    if isinstance(activations, Passes):
+        return batches(activations.epoch(epoch, seed), batch_size)
+    count = token_count(activations)
+    if count is None:
+        return batches(activations, batch_size)
+    epoch_seed = int(np.random.SeedSequence([seed, epoch]).generate_state(1, dtype=np.uint64)[0] >> 1)
+    order = torch.randperm(count, generator=torch.Generator().manual_seed(epoch_seed))
+    return batches(activations, batch_size, order=order)
+
+
+def head_of(stream: Iterator[Tensor], tokens: int) -> tuple[list[Tensor], Iterator[Tensor]]:
+    """The first batches of `stream` that hold at least `tokens` tokens (or all of them), and the rest."""
+    head, held = [], 0
+    for x in stream:
+        head.append(x)
+        held += len(x)
+        if held >= tokens:
+            break
+    return head, stream

@@ -52,13 +52,13 @@ from safetensors.torch import load as load_tensors, save as save_tensors
 from torch import Tensor
 from tqdm import tqdm
 
-from ..data import Dataset
-from ..distributed import Ranks
-from ..export import safe_name, write_atomic
-from ..image import ImageError
-from ..models.trace import BlockTrace, Trace
+from ...data import Dataset
+from ...distributed import Ranks
+from ...export import safe_name, write_atomic
+from ...image import ImageError
+from ...models.trace import BlockTrace, Trace
+from ..kinds.dictionary import ConceptsError
 from .align import token_rectangles
-from .dictionary import ConceptsError
 
 TOKENS = ("patch", "cls", "patch+cls", "position")
 SHARD_IMAGES = 1024   # images per shard: what an interrupted run can lose

@@ -25,7 +25,7 @@ and the activations (saev's `get_activation`):
 
 saev's TopK keeps a negative pre-activation among the k largest where vitviz's codes (non-negative) hold 0: the
 codes are equal wherever a token has k positive pre-activations, as trained ones do. The pre-activations with
-x itself are folded into vitviz's formula exactly (`foreign.py`). Other activations are refused.
+x itself are folded into vitviz's formula exactly (`layout.py`). Other activations are refused.
 
 The state dict is read by torch.load(weights_only=True) alone: a file holding pickled code is refused, never run.
 saev's header names neither the model nor the layer, and saev does not save how it normalised the activations it
@@ -39,11 +39,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .dictionary import ConceptsError, Dictionary
-from .foreign import dictionary_from, read_state_dict
-from .jumprelu import JumpReLU
-from .standard import Standard
-from .topk import TopK
+from ..kinds.dictionary import ConceptsError, Dictionary
+from ..kinds.jumprelu import JumpReLU
+from ..kinds.standard import Standard
+from ..kinds.topk import TopK
+from .layout import dictionary_from, read_state_dict
 
 FILE = "sae.pt"
 SCHEMAS = (None, 1, 2, 3, 4, 5)   # those of saev's loader up to its SCHEMA_VERSION = 5

@@ -27,9 +27,9 @@ from safetensors import SafetensorError
 from safetensors.torch import load as load_tensors, save as save_tensors
 from torch import Tensor
 
-from ..export import write_atomic
-from .dictionary import ConceptsError, Dictionary, Origin
-from .kinds import kind_named
+from ...export import write_atomic
+from ..kinds import kind_named
+from ..kinds.dictionary import ConceptsError, Dictionary, Origin
 
 FORMAT, VERSION = "vitviz-concepts", 1
 FILE = "concepts.safetensors"   # the file's name in a folder

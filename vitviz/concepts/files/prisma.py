@@ -17,13 +17,13 @@ ViT-Prisma's `SparseAutoencoder.encode_standard` and decoder, with its normalisa
 
 N none is vitviz's formula with no normalisation. ViT-Prisma's default N, layer_norm (also taken when the config
 does not name one, as ViT-Prisma's loader does), centres each token on its own mean and divides it by its own
-spread, and constant_norm_rescale scales it to norm √d (`dictionary.TokenNormalisation`, the same formulas as
+spread, and constant_norm_rescale scales it to norm √d (`kinds.dictionary.TokenNormalisation`, the same formulas as
 SAELens's): its codes decode back to raw activations beside the tokens they came from. Refused in words: other
 normalisations, the gated and jumprelu architectures, other activations (tanh-relu), transcoders, a hook other
 than a block's residual output, damaged files, missing or misshapen tensors and NaN.
 
 The origin: the model (`model_name`, ViT-Prisma's `open-clip:` prefix dropped; the catalog's name for it where
-there is one), the block of `blocks.{hook_point_layer}.{layer_subtype}` (`foreign.block_of_hook`) and the tokens
+there is one), the block of `blocks.{hook_point_layer}.{layer_subtype}` (`layout.block_of_hook`) and the tokens
 (cls_token_only: cls, use_patches_only: patch, else patch+cls). The config is kept as its `training_record`.
 """
 from __future__ import annotations
@@ -31,10 +31,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .dictionary import ConceptsError, Dictionary, Origin, TokenNormalisation
-from .foreign import block_of_hook, dictionary_from, model_of, read_state_dict
-from .standard import Standard
-from .topk import TopK
+from ..kinds.dictionary import ConceptsError, Dictionary, Origin, TokenNormalisation
+from ..kinds.standard import Standard
+from ..kinds.topk import TopK
+from .layout import block_of_hook, dictionary_from, model_of, read_state_dict
 
 CONFIG = "config.json"
 WEIGHTS = ("weights.pt", "n_images_2600058.pt")   # its README's name, and its CLIP checkpoints' (its loaders' default)

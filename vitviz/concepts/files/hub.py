@@ -9,7 +9,7 @@ revision's name, so the cache learns where the revision points and an offline ma
 every other file comes from the one commit, a fresh download is checked against the SHA-256 the Hub named it by
 and a damaged one is removed from the cache. Where the Hub cannot be reached the cache answers alone, and says so.
 
-The layout is found by asking, in the order of the readers (`source.READERS`), for each one's first file (each
+The layout is found by asking, in the order of the readers (`READERS`, `__init__.py`), for each one's first file (each
 reader's `fetch`: vitviz's concepts.safetensors, SAELens's cfg.json, saev's sae.pt, ViT-Prisma's config.json),
 one request each; the first the repo has (and that is in its layout: a weights file named in path_in_repo is asked
 of each) is fetched whole and read by that reader alone.
@@ -17,18 +17,18 @@ of each) is fetched whole and read by that reader alone.
 from __future__ import annotations
 
 from pathlib import Path, PurePosixPath
-from types import ModuleType
 
-from ..hub import LoadError, ProgressFn, parse_source
-from ..hub.files import HubFiles
-from .dictionary import ConceptsError
+from ...hub import LoadError, ProgressFn, parse_source
+from ...hub.files import HubFiles
+from ..kinds.dictionary import ConceptsError
+from .layout import Reader
 
 PROBE = ".gitattributes"
 WEIGHT_SUFFIXES = (".pt", ".safetensors")   # a path_in_repo ending so names a weights file, else a folder
 
 
-def fetch(source: str, *, readers: tuple[ModuleType, ...], path_in_repo: str | None = None,
-          progress: ProgressFn | None = None, name: str | None = None) -> tuple[ModuleType, Path]:
+def fetch(source: str, *, readers: tuple[Reader, ...], path_in_repo: str | None = None,
+          progress: ProgressFn | None = None, name: str | None = None) -> tuple[Reader, Path]:
     """(reader, local path for its `read`) of the dictionary in the Hub repo `source` (`owner/name[@revision]`),
     at `path_in_repo` inside it: the folder holding its files, or its weights file where its layout's name for it
     varies (ViT-Prisma's .pt). `name` names it in messages (a catalog name; default `source`). Refused in words:
@@ -71,7 +71,7 @@ def _inside(path_in_repo: str | None) -> tuple[str | None, str | None]:
     return str(path), None
 
 
-def _first_files(readers: tuple[ModuleType, ...]) -> str:
+def _first_files(readers: tuple[Reader, ...]) -> str:
     """The file each layout is found by, for messages."""
     names = []
 

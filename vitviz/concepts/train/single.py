@@ -1,6 +1,6 @@
 """Training a dictionary on activations: `train(activations, kind="topk", k=32, expansion=8)`.
 
-The loss of a batch of t tokens, in normalised space (x̃ = (x - offset) / scale, `dictionary.py`):
+The loss of a batch of t tokens, in normalised space (x̃ = (x - offset) / scale, `kinds/dictionary.py`):
 
     L = mean over the t·d entries of (x̃ - x̂)²                   x̂ = z W_dec + b_dec
       + l1 · (1/t) Σ_t Σ_i z_ti / d                              standard (ReLU) dictionaries
@@ -27,118 +27,54 @@ backward pass the part of each row's gradient along the row is removed, g_i ← 
 W_dec[i], and after each Adam step the rows are scaled back to unit norm (Gao et al.; Bricken et al.),
 so a concept cannot shrink its direction to cheat the L1 penalty or grow it to outbid others.
 
-Optimisation. Adam at `lr` (4e-4), linearly warmed up over the first `warmup` steps, then constant.
-The normalisation (offset, scale) is estimated once, from the first `norm_tokens` tokens training
-reads. A tensor's tokens are shuffled anew each epoch by a permutation drawn from (seed, epoch); an
-iterable is read in its own order, re-cut into batches of `batch_size` tokens.
-
-Nothing waits on the device per step. A GPU runs the steps queued behind each other; anything that reads a
-number back (`.item()`, `.cpu()`, a tensor in an `if`, a boolean mask) stops the host until the queue is empty.
-So the progress numbers, a loss that stopped being finite and the dead-concept counters stay on the device and
-are read together every `PROGRESS_EVERY` steps (`TrainingProgress`): a diverged run is refused at that read,
-naming the first step whose loss was not finite. Whether AuxK runs is decided on the host from the counters'
-last read: a concept can be dead now only if its count then plus the tokens trained since reaches `dead_after`,
-and the top k_aux is taken over that many (the concepts not dead are masked to -inf and give exactly 0), so
-the step computes what reading the counters every step would.
-
-Repeatable and resumable. The same activations, settings and seed give the same dictionary (on one
-device and thread count). With `checkpoint=PATH` the whole state (weights, Adam's moments, the
-position in the data, the dead-concept counters, the progress numbers) is written there every
-`checkpoint_every` steps and after each epoch, atomically; calling `train` again with the same path
-and settings continues from it, reading the activations again from the start and skipping the
-batches already trained on, and ends with the same dictionary as a run never interrupted. A larger
-`epochs` extends a finished run. The checkpoint is read with `torch.load(weights_only=True)`: numbers
-only, never pickled code.
-
 Data-parallel (torchrun). In a process group of W ranks (as `vitviz.distributed.ranks` opens one) every
 rank reads the same activations in the same order, so the normalisation, estimated from the same first
 tokens, is the same everywhere, and trains on its share of each batch of t tokens, rows [⌊r t / W⌋,
-⌊(r + 1) t / W⌋) (`parallel.py`: the reductions, and why they make the step one process's). The loss's
+⌊(r + 1) t / W⌋) (`activations/parallel.py`: the reductions, and why they make the step one process's). The loss's
 means are sums over the share divided by the whole batch's count (t·d entries, t tokens), so the ranks'
 gradients, summed before the decoder's parallel part is removed, are the whole batch's; AuxK's
 denominator Σ‖e‖² is the whole batch's, summed over the ranks before the division; a concept fired if it
-fired on any rank; BatchTopK's cut and smallest kept code are the whole batch's (`batchtopk.py`); the
+fired on any rank; BatchTopK's cut and smallest kept code are the whole batch's (`kinds/batchtopk.py`); the
 progress numbers are the whole batch's. Every rank ends with the same dictionary, one process's but for
 the order of the sums (within 1e-5 after dozens of steps). Only rank 0 shows the progress and writes the
 checkpoint; every rank resumes from it, so its path must be one they all read (ranks that would resume
 from different steps, or whose activations differ, are refused).
+
+The loop itself (the schedule, the progress read every PROGRESS_EVERY steps, the checkpoints) is `loop.py`'s,
+which the dictionary across models (`across.py`) trains through too, with these defaults, AuxK and the decoder's
+constraint.
 """
 from __future__ import annotations
 
 import itertools
-import json
 import math
-import os
-import pickle
 import sys
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from . import parallel
-from .batches import Activations, Passes, batches, is_one_pass, token_count
-from .batchtopk import THRESHOLD_RATE, BatchTopK
-from .dictionary import ConceptsError, Dictionary, Origin
-from .kinds import kind_named
-from .topk import top_k_relu
+from ..activations import parallel
+from ..activations.batches import Activations, epoch_order, head_of, is_one_pass, token_count
+from ..kinds import kind_named
+from ..kinds.batchtopk import THRESHOLD_RATE, BatchTopK
+from ..kinds.dictionary import ConceptsError, Dictionary, Origin
+from ..kinds.topk import top_k_relu
+from .loop import Schedule, TrainingProgress, check_schedule, read_checkpoint, run_schedule, write_checkpoint
 
 K = 32               # concepts per token, TopK and BatchTopK
 L1 = 1.0            # the standard dictionary's L1 coefficient: SAELens's l1_coefficient (see the loss above)
 K_AUX = 512          # Gao et al.'s k_aux
 AUXK_ALPHA = 1 / 32  # Gao et al.'s weight of AuxK
 DEAD_AFTER = 10_000_000   # tokens without firing after which a concept is dead (Gao et al.)
-PROGRESS_EVERY = 25  # steps between reads of the progress numbers (each read waits for the device's queue)
 WARMUP = 100         # warm-up steps, at most (the command line's default: a tenth of the run below that)
 TRAINING_TOKENS = 2_000_000   # the command line's default run: tokens trained on, at least one pass (see default_steps)
 FIT_TOKENS = 65_536  # tokens the finished dictionary's FVU is measured on (the first of its data, in training order)
 BATCH_SIZE = 4096    # tokens a step
 POOR_FIT = 0.5       # a finished dictionary at or above this FVU is reported as explaining too little
-
-
-class TrainingProgress:
-    """A training run's numbers kept on the device and read back every `PROGRESS_EVERY` steps: the epoch's running
-    sums (squared errors, spread, codes > 0, tokens), the first step whose loss was not finite (its loss and the
-    activations' non-finite entries then), and the tokens since each concept fired. Shared by `train` and
-    `across.train`."""
-
-    def __init__(self, running: Tensor, since_fired: Tensor, dead_after: int | None):
-        self.running, self.since_fired, self.dead_after = running, since_fired, dead_after
-        self.diverged = torch.zeros(3, dtype=torch.float64, device=running.device)  # step (0: none), loss, not finite
-        self.since_fired_read = since_fired.cpu().numpy()   # the counters as last read, and the tokens since
-        self.tokens_since_read = 0
-
-    def add(self, numbers: Tensor, loss: Tensor, not_finite: Tensor, *, step: int, tokens: int) -> None:
-        """A step's progress numbers, its whole batch's loss and the count of its non-finite activations."""
-        self.running += numbers
-        first = (self.diverged[0] == 0) & ~loss.isfinite()
-        now = torch.stack([torch.full_like(self.diverged[0], step + 1), loss.double(), not_finite.double()])
-        self.diverged = torch.where(first, now, self.diverged)
-        self.tokens_since_read += tokens
-
-    def may_be_dead(self) -> int:
-        """At most how many concepts are dead now (0: no AuxK this step), known on the host."""
-        if self.dead_after is None:
-            return 0
-        return int(np.count_nonzero(self.since_fired_read + self.tokens_since_read >= self.dead_after))
-
-    def read(self) -> dict:
-        """The epoch's FVU and L0 so far (one wait for the device); a ConceptsError if a step diverged."""
-        numbers = torch.cat([self.running, self.diverged, self.since_fired.double()]).tolist()
-        self.since_fired_read, self.tokens_since_read = np.array(numbers[7:], dtype=np.int64), 0
-        step, loss, not_finite = numbers[4:7]
-        if step:
-            where = "the activations hold NaN or infinite values" if not_finite else "the learning rate may be too high"
-            raise ConceptsError(f"Training diverged at step {int(step)}: the loss is {loss} ({where}).")
-        squared_errors, spread, fired, tokens = numbers[:4]
-        return {"fvu": squared_errors / spread if spread else math.nan, "l0": fired / tokens if tokens else math.nan}
-
-    def newepoch_order(self) -> None:
-        self.running = torch.zeros_like(self.running)
 
 
 def default_steps(tokens: int, batch_size: int) -> int:
@@ -162,63 +98,6 @@ def fit_warning(fvu: float, *, what: str = "The dictionary") -> str | None:
            f"explains only {1 - fvu:.0%} of its layer's variance (FVU {fvu:.2f}; a usable one is below {POOR_FIT})")
     return (f"{what} {how}. Train on more images, for more steps (--steps, or steps=...), or with a smaller k "
             f"(fewer concepts per token are easier to learn, but rebuild less).")
-
-
-class Schedule:
-    """How long a run trains: `epochs` whole passes, or `steps` steps in all (passes as many as they need, the
-    last one cut where the steps end), with the learning rate warmed up linearly over `warmup` steps."""
-
-    def __init__(self, *, epochs: int | None, steps: int | None, warmup: int, lr: float):
-        self.epochs, self.steps, self.warmup, self.lr = epochs, steps, warmup, lr
-
-    def total(self, steps_per_epoch: int | None) -> int | None:
-        """Steps in all, where known."""
-        return self.steps if self.steps is not None else steps_per_epoch and steps_per_epoch * self.epochs
-
-    def learning_rate(self, step: int) -> float:
-        return self.lr * min(1.0, (step + 1) / self.warmup) if self.warmup > 0 else self.lr
-
-    def done(self, position: dict) -> bool:
-        return position["step"] >= self.steps if self.steps is not None else position["epoch"] >= self.epochs
-
-
-def run_schedule(epoch_batches: Callable[[int], Iterator], train_step: Callable[[object, int], int], *,
-                 schedule: Schedule, position: dict, numbers: TrainingProgress, optimizer: torch.optim.Optimizer,
-                 bar: tqdm, save: Callable[[dict | None], None] | None, checkpoint_every: int) -> dict | None:
-    """The training loop `train` and `across.train_across` share: from `position` (epoch, batch, step, tokens;
-    updated in place) until the schedule is done, each batch of `epoch_batches(epoch)` through `train_step(batch,
-    step)` (-> the tokens it trained on) at the schedule's learning rate, the progress read every
-    PROGRESS_EVERY steps, `save(last_epoch)` (the checkpoint; None: none) every `checkpoint_every` steps and where
-    a pass or the run ends. -> the last pass's FVU and L0 (None if nothing was trained)."""
-    last_epoch = None
-    while not schedule.done(position):
-        epoch, trained = position["epoch"], False
-        for batch in itertools.islice(epoch_batches(epoch), position["batch"], None):
-            if schedule.done(position):
-                break
-            for group in optimizer.param_groups:
-                group["lr"] = schedule.learning_rate(position["step"])
-            position["tokens"] += train_step(batch, position["step"])
-            position["batch"] += 1
-            position["step"] += 1
-            trained = True
-            bar.update()
-            due = save is not None and position["step"] % checkpoint_every == 0
-            if due or position["step"] % PROGRESS_EVERY == 0:
-                bar.set_postfix(epoch=epoch + 1, **shown(numbers.read()), refresh=False)
-            if due:
-                save(None)
-        else:   # the pass ended
-            if not trained and position["batch"] == 0:
-                raise ConceptsError("The activations hold no tokens.")
-            position.update(epoch=epoch + 1, batch=0)
-        last_epoch = numbers.read()
-        bar.set_postfix(epoch=epoch + 1, **shown(last_epoch), refresh=False)
-        if position["batch"] == 0:
-            numbers.newepoch_order()
-        if save is not None:
-            save(last_epoch)
-    return last_epoch
 
 
 def train(activations: Activations, *, kind: str = "topk", k: int | None = None, expansion: int = 8,
@@ -322,39 +201,15 @@ def train(activations: Activations, *, kind: str = "topk", k: int | None = None,
     return dictionary
 
 
-def check_schedule(sources: Sequence[Activations], *, expansion: int | None, epochs: int, steps: int | None,
-                   batch_size: int, checkpoint_every: int, warmup: int) -> None:
-    """Refuses, in words, a schedule or setting `train` and `train_across` cannot run on `sources` (one model's
-    activations, or each model's)."""
-    for name, value in (("expansion", expansion), ("epochs", epochs), ("steps", steps), ("batch_size", batch_size),
-                        ("checkpoint_every", checkpoint_every)):
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            raise ConceptsError(f"{name} must be a whole number of at least 1, not {value!r}.")
-    if not isinstance(warmup, int) or warmup < 0:
-        raise ConceptsError(f"warmup must be a whole number of steps (0: none), not {warmup!r}.")
-    one_pass = any(is_one_pass(source) for source in sources)
-    if one_pass and steps is not None:
-        raise ConceptsError(f"steps={steps} may need the activations more than once, and an iterator can be read "
-                            f"only once: pass a tensor or a re-iterable (a list, a cache) instead, or epochs=1.")
-    if one_pass and epochs > 1:
-        raise ConceptsError(f"{epochs} epochs need the activations {epochs} times, and an iterator can be read only "
-                            f"once: pass a tensor or a re-iterable (a list, a cache) instead.")
-
-
 def fitted_fvu(dictionary: Dictionary, activations: Activations, batch_size: int, seed: int) -> float:
     """The finished dictionary's FVU on the first FIT_TOKENS tokens of its data in training order (a one-pass
     iterator, read already: NaN)."""
-    from .metrics import metrics
+    from ..analysis.metrics import metrics
 
     if is_one_pass(activations):
         return math.nan
     head, _ = head_of(epoch_order(activations, 0, batch_size, seed), FIT_TOKENS)
     return metrics(dictionary, torch.cat(head)[:FIT_TOKENS]).fvu
-
-
-def shown(progress: dict) -> dict:
-    """The progress bar's FVU and L0."""
-    return {"FVU": f"{progress['fvu']:.4f}", "L0": f"{progress['l0']:.1f}"}
 
 
 def _step(dictionary: Dictionary, optimizer: torch.optim.Optimizer, x: Tensor, numbers: TrainingProgress,
@@ -447,61 +302,3 @@ def _initialised(cls: type[Dictionary], head: list[Tensor] | None, settings: dic
         dictionary.W_dec.copy_(rows / rows.norm(dim=-1, keepdim=True))
         dictionary.W_enc.copy_(dictionary.W_dec.T)
     return dictionary
-
-
-def epoch_order(activations: Activations, epoch: int, batch_size: int, seed: int) -> Iterator[Tensor]:
-    """One pass over the activations in training order: a tensor's tokens in a permutation drawn from (seed,
-    epoch), passes' in the order they draw from them, an iterable's in its own order."""
-    if isinstance(activations, Passes):
-        return batches(activations.epoch(epoch, seed), batch_size)
-    count = token_count(activations)
-    if count is None:
-        return batches(activations, batch_size)
-    epoch_seed = int(np.random.SeedSequence([seed, epoch]).generate_state(1, dtype=np.uint64)[0] >> 1)
-    order = torch.randperm(count, generator=torch.Generator().manual_seed(epoch_seed))
-    return batches(activations, batch_size, order=order)
-
-
-def head_of(stream: Iterator[Tensor], tokens: int) -> tuple[list[Tensor], Iterator[Tensor]]:
-    """The first batches of `stream` that hold at least `tokens` tokens (or all of them), and the rest."""
-    head, held = [], 0
-    for x in stream:
-        head.append(x)
-        held += len(x)
-        if held >= tokens:
-            break
-    return head, stream
-
-
-def write_checkpoint(path: Path, dictionary: Dictionary, optimizer: torch.optim.Optimizer, settings: dict,
-                      position: dict, running: Tensor, since_fired: Tensor, *, last_epoch: dict | None = None) -> None:
-    """The training state, written through a temporary file renamed into place."""
-    state = {"settings": json.dumps(settings, sort_keys=True), "d": dictionary.d,
-             "dictionary": dictionary.state_dict(), "optimizer": optimizer.state_dict(), "position": dict(position),
-             "running": running, "since_fired": since_fired, "last_epoch": last_epoch}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
-
-
-def read_checkpoint(path: Path, settings: dict, device: torch.device) -> dict:
-    """A checkpoint of this run (its settings equal `settings`), or a ConceptsError that says why not."""
-    try:
-        state = torch.load(path, map_location=device, weights_only=True)
-    except pickle.UnpicklingError:
-        raise ConceptsError(f"{path} is not a vitviz training checkpoint: it holds pickled objects other than "
-                            f"numbers, which are never loaded. Delete it, or choose another checkpoint path.") from None
-    except (RuntimeError, EOFError, OSError) as e:
-        raise ConceptsError(f"{path} is damaged ({(str(e).splitlines() or [type(e).__name__])[0]}): delete it to "
-                            f"train from the start.") from None
-    if not isinstance(state, dict) or "settings" not in state:
-        raise ConceptsError(f"{path} is not a vitviz training checkpoint. Delete it, or choose another path.")
-    theirs = json.loads(state["settings"])
-    differ = [key for key in sorted(set(theirs) | set(settings)) if theirs.get(key) != settings.get(key)]
-    if differ:
-        key = differ[0]
-        raise ConceptsError(f"{path} is the checkpoint of another run: its {key} is {theirs.get(key)!r}, this run's "
-                            f"is {settings.get(key)!r}. Train with its settings to resume it, or choose another "
-                            f"checkpoint path.")
-    return state

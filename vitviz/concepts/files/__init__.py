@@ -1,30 +1,31 @@
 """`load(source)`: a catalog name, a dictionary file or folder, or a Hub repo id -> a `Dictionary`, through the
 reader of its layout.
 
-A reader is a module with `matches(path) -> bool` and `read(path) -> Dictionary` for one layout, and `fetch(get,
-weights=)` for its files in a Hub repo, as `vitviz.hub` has one per checkpoint layout: vitviz's own (`own`),
-SAELens's folder (`saelens`), saev's sae.pt (`saev`) and ViT-Prisma's config.json and .pt (`prisma`). `READERS`
-lists them in the order they are tried, and the first that matches reads. None runs code from the file: pickled
-weights are read by torch.load(weights_only=True) alone. A dictionary across models (`across`: a folder
-of one vitviz file per model and its manifest) loads as an `Across`, whose `dictionary(model)` is each model's.
+A reader is a module for one layout with `matches(path) -> bool`, `read(path) -> Dictionary` and `fetch(get,
+weights=)` for its files in a Hub repo (its shape: `layout.Reader`), as `vitviz.hub` has one per checkpoint layout:
+vitviz's own (`own`), a dictionary across models (`across`: a folder of one vitviz file per model and its manifest,
+which loads as an `Across`, whose `dictionary(model)` is each model's), SAELens's folder (`saelens`), saev's sae.pt
+(`saev`) and ViT-Prisma's config.json and .pt (`prisma`). `READERS` lists them in the order they are tried, and the
+first that matches reads. None runs code from the file: pickled weights are read by torch.load(weights_only=True)
+alone. What the readers of other tools' files share is `layout.py`; the Hub's side, `hub.py`.
 
 A source is, in the order asked: a name in `catalog.DICTIONARIES` (its repo fetched, and the origin its entry
 names: model, block, tokens, since other tools' files say less), a name in `catalog.BUNDLED_DICTIONARIES` (vitviz's
 own, in checkpoints/concepts/), an existing file or folder, or a Hub repo id,
-`owner/name` or `owner/name@revision` (`published.py` fetches it). Anything else is refused in words.
+`owner/name` or `owner/name@revision` (`hub.py` fetches it). Anything else is refused in words.
 """
 from __future__ import annotations
 
 from pathlib import Path
-from types import ModuleType
 
-from .. import catalog
-from ..hub import ProgressFn
-from . import across, own, prisma, published, saelens, saev
-from .across import Across
-from .dictionary import ConceptsError, Dictionary, Origin
+from ... import catalog
+from ...hub import ProgressFn
+from ..kinds.across import Across
+from ..kinds.dictionary import ConceptsError, Dictionary, Origin
+from . import across, hub, own, prisma, saelens, saev
+from .layout import Reader
 
-READERS = (across, own, saelens, saev, prisma)
+READERS: tuple[Reader, ...] = (across, own, saelens, saev, prisma)
 WHAT_LOADS = (f"vitviz reads its own dictionaries (a .safetensors file written by vitviz.concepts.save, or a "
               f"folder holding {own.FILE}; a dictionary across models: a folder holding {across.MANIFEST}), "
               f"SAELens's folders ({saelens.CONFIG} and {saelens.WEIGHTS}), saev's "
@@ -43,7 +44,7 @@ def load(source: str | Path, *, path_in_repo: str | None = None,
         if path_in_repo is not None:
             raise ConceptsError(f"{text!r} is a catalog dictionary, whose entry names its place in {entry.repo}: "
                                 f"load it without path_in_repo.")
-        reader, path = published.fetch(entry.repo, readers=READERS, path_in_repo=entry.path_in_repo,
+        reader, path = hub.fetch(entry.repo, readers=READERS, path_in_repo=entry.path_in_repo,
                                        progress=progress, name=text)
         dictionary = _read(reader, path)
         dictionary.origin = Origin(model=entry.model, block=entry.block, tokens=entry.tokens)
@@ -60,7 +61,7 @@ def load(source: str | Path, *, path_in_repo: str | None = None,
                             f"{', '.join(catalog.DICTIONARIES)}.")
     if text.startswith(("/", ".", "~")) or "\\" in text:
         raise ConceptsError(f"There is no file or folder {text!r}.")
-    reader, path = published.fetch(text, readers=READERS, path_in_repo=path_in_repo, progress=progress)
+    reader, path = hub.fetch(text, readers=READERS, path_in_repo=path_in_repo, progress=progress)
     return _read(reader, path)
 
 
@@ -72,7 +73,7 @@ def read(path: Path) -> Dictionary | Across:
     raise ConceptsError(f"{path} is not a dictionary vitviz reads; {WHAT_LOADS}.")
 
 
-def _read(reader: ModuleType, path: Path) -> Dictionary | Across:
+def _read(reader: Reader, path: Path) -> Dictionary | Across:
     try:
         return reader.read(path)
     except OSError as e:

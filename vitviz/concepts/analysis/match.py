@@ -8,7 +8,7 @@ Each side is a model, a dictionary of one of its blocks, and the same images for
 
 1. Each side's grid tokens (patch tokens, or a CNN's positions; a class token has no place on the photo) are
    encoded by its dictionary on the model's own grid: codes, tokens x concepts.
-2. The codes are resampled onto the cells the two grids are aligned on (`align.py`): a cell's code is the
+2. The codes are resampled onto the cells the two grids are aligned on (`activations/align.py`): a cell's code is the
    area-weighted mean of the codes of the tokens that cover it. Encoded first, resampled second: each
    dictionary was trained on its model's tokens, and a cell's mean of tokens is a token it never saw (the
    encoder is not linear: the TopK of a mean is not the mean of the TopKs). What is resampled is each
@@ -54,17 +54,17 @@ from safetensors.torch import load as load_tensors, save as save_tensors
 from torch import Tensor
 from tqdm import tqdm
 
-from ..data import Dataset
-from ..export import write_atomic
-from ..models.trace import Trace
-from .activations import block_index, block_tokens, default_tokens
-from .align import Alignment, align, in_photo, token_rectangles
-from .dictionary import ConceptsError, Dictionary
-from .own import checked_format
+from ...data import Dataset
+from ...export import write_atomic
+from ...models.trace import Trace
+from ..activations.align import Alignment, align, in_photo, token_rectangles
+from ..activations.cache import block_index, block_tokens, default_tokens
+from ..files.own import checked_format
+from ..kinds.dictionary import ConceptsError, Dictionary
 from .splice import image_batches
 
 if TYPE_CHECKING:
-    from ..hub.loaded import LoadedModel
+    from ...hub.loaded import LoadedModel
 
 FORMAT, VERSION = "vitviz-matches", 1
 MATCHES_FILE = "matches.json"

@@ -19,8 +19,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .activations import Cached, shard_images
-from .dictionary import ConceptsError
+from ..kinds.dictionary import ConceptsError
+from .cache import Cached, shard_images
 
 BUFFER = 4   # shards shuffled together (4 x 1,024 images)
 

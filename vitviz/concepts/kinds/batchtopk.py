@@ -19,7 +19,7 @@ the way towards the smallest code the batch kept, θ ← θ + rate (min_kept −
 it). Bussmann et al. average the same minimum over batches; Overcomplete keeps a moving average of the
 k·t-th value. A saved BatchTopK is SAELens's JumpReLU with every concept's threshold θ.
 
-Under torchrun each rank holds a share of the batch (`parallel.py`). The codes keep the entries at or above
+Under torchrun each rank holds a share of the batch (`activations/parallel.py`). The codes keep the entries at or above
 the cut c, the k·t-th largest pre-activation of the whole batch, found among the ranks' gathered top k·t:
 Z = ReLU(PRE) · 1[PRE >= c], the same entries one process keeps (pre-activations bitwise equal at the cut
 are all kept, where one process keeps as many of them as fill k·t). The smallest kept code is taken over
@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import parallel
+from ..activations import parallel
 from .dictionary import UNKNOWN, ConceptsError, Origin
 from .topk import TopK, top_k_relu
 

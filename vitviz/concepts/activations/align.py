@@ -1,6 +1,6 @@
 """Aligning two or more models' token grids on the photo, so that one cell is one place for every model.
 
-A dictionary across models (`across.py`) learns from rows that hold each model's token at the same place
+A dictionary across models (`kinds/across.py`) learns from rows that hold each model's token at the same place
 of the same image. The models' grids differ (a ViT's 8 x 8 patches, a CvT's 4 x 4 last stage, a ResNet's
 8 x 8), and so can the part of the photo each one saw (each checkpoint resizes and crops its own way).
 So every model's tokens are resampled onto one grid of cells:
@@ -35,10 +35,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..explain.distance import stage_axis
-from ..models.trace import Trace
-from ..preprocess import Transform
-from .dictionary import ConceptsError
+from ...explain.distance import stage_axis
+from ...models.trace import Trace
+from ...preprocess import Transform
+from ..kinds.dictionary import ConceptsError
 
 Box = tuple[float, float, float, float]   # (y0, x0, y1, x1)
 

@@ -1,4 +1,7 @@
-"""The dictionary kinds by name, as files and `train(kind=...)` name them."""
+"""The dictionary kinds: what every kind shares (`dictionary.py`), one module per kind (`standard`, `topk`,
+`batchtopk`, `jumprelu`) and the dictionary across models (`across.py`, a `Dictionary` per model over one code
+space); here, the kinds by name, as files and `train(kind=...)` name them. A new kind is a module over
+`Dictionary` and a line in `KINDS` (or `FILE_KINDS`, for a kind vitviz only reads)."""
 from __future__ import annotations
 
 from .batchtopk import BatchTopK

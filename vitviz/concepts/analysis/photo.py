@@ -1,9 +1,9 @@
 """One photo's concepts, as the Concepts tab and the exporter show them: which concepts a model's dictionary
 finds in the photo, where each fires, what is active at one token, and what removing one does to the answer.
 
-The codes. The dictionary encodes the block's tokens of its kind (`activations.block_tokens`). A dictionary
-of one model reads the model's own grid; a dictionary across models (`across.py`) was trained on cells that
-every model shares, so its model's tokens are first resampled onto those cells (`align.py`: the grid it was
+The codes. The dictionary encodes the block's tokens of its kind (`activations.cache.block_tokens`). A dictionary
+of one model reads the model's own grid; a dictionary across models (`kinds/across.py`) was trained on cells that
+every model shares, so its model's tokens are first resampled onto those cells (`activations/align.py`: the grid it was
 trained on, `Across.training_record["cells"]`, over the photo; a ViT's 8 x 8 patches averaged 2 x 2 onto a
 4 x 4 CvT's). `codes` is then cells x n, and a concept's map is its column on the grid.
 
@@ -29,10 +29,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..models.trace import Trace
-from .activations import block_index, block_tokens, default_tokens
-from .align import align, in_photo, token_rectangles
-from .dictionary import ConceptsError, Dictionary
+from ...models.trace import Trace
+from ..activations.align import align, in_photo, token_rectangles
+from ..activations.cache import block_index, block_tokens, default_tokens
+from ..kinds.dictionary import ConceptsError, Dictionary
 
 TOP = 8         # concepts listed per photo, most active on its grid
 CLASS_TOP = 4   # and at the class token, for a dictionary that reads it
@@ -184,8 +184,8 @@ def readers(models: Sequence, sources: Sequence[str]) -> list[Reader | None]:
     """Each loaded model's dictionary among `sources` (loaded with `concepts.load`; a dictionary across models
     serves each of its models), None for a model none of them is for. A source that is for none of the models,
     or whose block or width does not fit the model, is refused in words."""
-    from .across import Across
-    from .source import load
+    from ..files import load
+    from ..kinds.across import Across
 
     bound: list[Reader | None] = [None] * len(models)
     for source in sources:
