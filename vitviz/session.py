@@ -197,6 +197,11 @@ class ModelRun:
         with self._lock:
             return key in self._maps
 
+    def kept_value(self, key: tuple):
+        """What this run keeps for `key` (`keep`'s, or a map it computed); a KeyError if nothing."""
+        with self._lock:
+            return self._maps[key]
+
     def _explained(self, target: int | None, point) -> tuple[int, torch.Tensor | None, tuple | int]:
         """(the class index to explain, the similarity direction of a model without a classifier or None,
         a cache key for the two)."""
@@ -271,7 +276,7 @@ def faithfulness_curves(runs: Sequence[ModelRun], method: str, *, targets: Seque
                                      [targets[i] for i in todo], steps=steps)
         for i, result in zip(todo, curves):
             runs[i].keep(keys[i], result)
-    return [run._maps[key] for run, key in zip(runs, keys)]
+    return [run.kept_value(key) for run, key in zip(runs, keys)]
 
 
 def faithfulness_scores(model, pixels: torch.Tensor, maps: Sequence[np.ndarray], targets: Sequence[int], *,
