@@ -187,7 +187,8 @@ def evaluate_batch(loaded, pixels: torch.Tensor, *, indices: Sequence[int], labe
     reference = prediction if labels is None else labels.to(prediction.device)
     maps = method_maps(model, pixels, prediction, methods, clip=loaded.takes_prompts)
     first = next(iter(maps.values()))
-    maps[RANDOM] = torch.stack([faithfulness.random_saliency(first[i], seed=index) for i, index in enumerate(indices)])
+    one_map = first.new_empty(first.shape[1:], device="cpu")   # drawn on the host, copied to the device at once
+    maps[RANDOM] = torch.stack([faithfulness.random_saliency(one_map, seed=index) for index in indices]).to(first)
     names, stacked = list(maps), torch.stack(list(maps.values()))                        # k b gh gw
     black = loaded.transform.normalize(torch.zeros(1, 3, 1, 1, device=pixels.device))
     built = {"positive": faithfulness.pixel_removal(pixels, stacked, black=black),
@@ -198,15 +199,20 @@ def evaluate_batch(loaded, pixels: torch.Tensor, *, indices: Sequence[int], labe
     perturbations = [p for _, p in built.values()]
     scores = dict(zip(built, faithfulness.score(model, perturbations, prediction, batch_size=settings.forward_batch)))
     fractions = {test: [round(v, 6) for v in x.tolist()] for test, (x, _) in built.items()}   # float32 0.1 -> 0.1
-    curves = {test: (s.classes == reference.cpu()[None, :, None]).int() if test in ("positive", "negative") else s.probs
-              for test, s in scores.items()}                                              # test -> k b t
+    # the batch's own numbers in one read (float64 holds class indices and float32 probabilities exactly)
+    chosen = probs.gather(1, prediction[:, None])[:, 0]
+    numbers = torch.stack([prediction.double(), reference.double(), chosen.double()])
+    predictions, references, probabilities = numbers.tolist()
+    host_reference = torch.tensor(references).long()   # the scores are on the host already
+    curves = {test: (s.classes == host_reference[None, :, None]).int().tolist() if test in ("positive", "negative")
+              else s.probs.tolist() for test, s in scores.items()}                      # test -> k b t lists
     forwarded = sum(p.images_needed for p in perturbations)
     records = []
     for i in range(len(indices)):
         records.append({
-            "prediction": int(prediction[i]), "probability": float(probs[i, prediction[i]]),
-            "reference": int(reference[i]), "fractions": fractions,
-            "maps": {name: {test: {"scores": (values := curves[test][k, i].tolist()),
+            "prediction": int(predictions[i]), "probability": probabilities[i],
+            "reference": int(references[i]), "fractions": fractions,
+            "maps": {name: {test: {"scores": (values := curves[test][k][i]),
                                    "value": headline(test, fractions[test], values)} for test in TESTS}
                      for k, name in enumerate(names)}})
     work = Work(forwarded=len(indices) + forwarded, forwards=1 + math.ceil(forwarded / settings.forward_batch))

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 import torch.nn.functional as F
@@ -105,25 +106,35 @@ class Perturbation:
     replace: Tensor              # b c h w
     ranks: Tensor                # k b n: 0 for the unit replaced first
     grid: tuple[int, int]        # the units' grid; each unit is a cell of the image (nearest upsampling)
-    counts: Tensor               # t: units replaced at each step, 0 .. n
+    counts: tuple[int, ...]      # t: units replaced at each step, 0 .. n (the schedule: host numbers, never read back)
 
     @property
-    def varying(self) -> Tensor:
+    def varying(self) -> tuple[int, ...]:
         """The steps whose image depends on the map (some but not all units replaced)."""
-        return ((self.counts > 0) & (self.counts < self.ranks.shape[-1])).nonzero()[:, 0]
+        return tuple(step for step, count in enumerate(self.counts) if 0 < count < self.ranks.shape[-1])
+
+    @property
+    def shared(self) -> tuple[int, ...]:
+        """The counts of the steps whose image does not depend on the map, in the order `score` sends them: 0
+        (nothing replaced) and n (everything), where the schedule has them."""
+        return tuple(count for count in (0, self.ranks.shape[-1]) if count in self.counts)
 
     @property
     def images_needed(self) -> int:
         """How many images this perturbation sends through the model."""
-        k, b, n = self.ranks.shape
-        shared = int((self.counts == 0).any()) + int((self.counts == n).any())
-        return b * (shared + k * len(self.varying))
+        k, b, _ = self.ranks.shape
+        return b * (len(self.shared) + k * len(self.varying))
+
+    @cached_property
+    def varying_counts(self) -> Tensor:
+        """s: the map-dependent steps' counts on the images' device, copied there once."""
+        return torch.tensor([self.counts[step] for step in self.varying], device=self.keep.device)
 
     def varying_images(self, rows: Tensor) -> tuple[Tensor, Tensor]:
         """rows of the (k b s) map-dependent steps -> (r c h w images, r image indices)."""
-        b, steps = self.ranks.shape[1], self.varying
-        which, image, step = rows // (b * len(steps)), rows // len(steps) % b, steps[rows % len(steps)]
-        masks = self.ranks[which, image] < self.counts[step][:, None]                       # r n
+        b, steps = self.ranks.shape[1], len(self.varying)
+        which, image, step = rows // (b * steps), rows // steps % b, rows % steps
+        masks = self.ranks[which, image] < self.varying_counts[step][:, None]              # r n
         masks = rearrange(masks, 'r (gh gw) -> r 1 gh gw', gh=self.grid[0], gw=self.grid[1])
         if self.grid != tuple(self.keep.shape[-2:]):   # each unit is a cell of pixels
             masks = F.interpolate(masks.float(), size=self.keep.shape[-2:], mode="nearest").bool()
@@ -140,11 +151,11 @@ def _maps(saliency: Tensor, pixels: Tensor) -> Tensor:
     return maps
 
 
-def _fraction_counts(steps: int, units: int) -> tuple[Tensor, Tensor]:
+def _fraction_counts(steps: int, units: int) -> tuple[Tensor, tuple[int, ...]]:
     if steps < 1:
         raise ValueError(f"steps must be at least 1, not {steps}")
-    fractions = torch.linspace(0, 1, steps + 1)
-    return fractions, (fractions * units).round().long()
+    fractions = torch.linspace(0, 1, steps + 1)   # on the host: the schedule is known before any map
+    return fractions, tuple((fractions * units).round().long().tolist())
 
 
 def deletion(pixels: Tensor, saliency: Tensor, *, steps: int = 16, unit: str = "token",
@@ -152,7 +163,7 @@ def deletion(pixels: Tensor, saliency: Tensor, *, steps: int = 16, unit: str = "
     """Petsiuk et al.'s deletion: (fractions, the perturbation) replacing the top units with `baseline`."""
     ranks, grid = unit_ranks(_maps(saliency, pixels), tuple(pixels.shape[-2:]), unit)
     fractions, counts = _fraction_counts(steps, ranks.shape[-1])
-    return fractions, Perturbation(pixels, baseline_image(pixels, baseline), ranks, grid, counts.to(pixels.device))
+    return fractions, Perturbation(pixels, baseline_image(pixels, baseline), ranks, grid, counts)
 
 
 def insertion(pixels: Tensor, saliency: Tensor, *, steps: int = 16, unit: str = "token",
@@ -160,7 +171,7 @@ def insertion(pixels: Tensor, saliency: Tensor, *, steps: int = 16, unit: str = 
     """Petsiuk et al.'s insertion: (fractions, the perturbation) putting the top units back on `baseline`."""
     ranks, grid = unit_ranks(_maps(saliency, pixels), tuple(pixels.shape[-2:]), unit)
     fractions, counts = _fraction_counts(steps, ranks.shape[-1])
-    return fractions, Perturbation(baseline_image(pixels, baseline), pixels, ranks, grid, counts.to(pixels.device))
+    return fractions, Perturbation(baseline_image(pixels, baseline), pixels, ranks, grid, counts)
 
 
 def pixel_removal(pixels: Tensor, saliency: Tensor, *, black: Tensor,
@@ -170,7 +181,7 @@ def pixel_removal(pixels: Tensor, saliency: Tensor, *, black: Tensor,
     normalised value of a black pixel (-mean/std, shaped to broadcast: 1 3 1 1)."""
     maps = _maps(saliency, pixels)
     ranks, grid = unit_ranks(-maps if negative else maps, tuple(pixels.shape[-2:]), "pixel")
-    counts = torch.tensor([int(ranks.shape[-1] * f) for f in PERTURBATION_FRACTIONS], device=pixels.device)
+    counts = tuple(int(ranks.shape[-1] * f) for f in PERTURBATION_FRACTIONS)
     perturbation = Perturbation(pixels, baseline_image(pixels, black), ranks, grid, counts)
     return torch.tensor(PERTURBATION_FRACTIONS), perturbation
 
@@ -183,9 +194,8 @@ def region_removal(pixels: Tensor, saliency: Tensor, *, regions: int | None = No
     last = units if regions is None else min(regions, units)
     if last < 1:
         raise ValueError(f"regions must be at least 1, not {regions}")
-    counts = torch.arange(last + 1, device=pixels.device)
     minimum = pixels.amin(dim=(1, 2, 3), keepdim=True).expand_as(pixels)
-    return counts.float().cpu() / units, Perturbation(pixels, minimum, ranks, grid, counts)
+    return torch.arange(last + 1) / units, Perturbation(pixels, minimum, ranks, grid, tuple(range(last + 1)))
 
 
 @dataclass(frozen=True)
@@ -201,11 +211,10 @@ Piece = tuple[int, Callable[[int, int], tuple[Tensor, Tensor]]]   # (rows, (star
 
 def _pieces(p: Perturbation) -> list[Piece]:
     """The images of a perturbation in the order `score` sends them: the map-independent ones, then (k b s)."""
-    k, b, n = p.ranks.shape
+    k, b, _ = p.ranks.shape
     index = torch.arange(b, device=p.keep.device)
-    shared = [source for count, source in ((0, p.keep), (n, p.replace)) if (p.counts == count).any()]
     pieces: list[Piece] = [(b, lambda start, stop, source=source: (source[start:stop], index[start:stop]))
-                           for source in shared]
+                           for source in (p.replace if count else p.keep for count in p.shared)]
     rows = k * b * len(p.varying)
     if rows:
         pieces.append((rows, lambda start, stop: p.varying_images(torch.arange(start, stop, device=p.keep.device))))
@@ -233,7 +242,8 @@ def score(model: nn.Module, perturbations: Sequence[Perturbation], target: Tenso
           batch_size: int = 64) -> list[Scores]:
     """Every step of every perturbation through the model, `batch_size` images per forward, in a fixed
     order (so the same perturbations always meet the same batches): each image's target-class
-    probability (`target`: b class indices) and the predicted class."""
+    probability (`target`: b class indices) and the predicted class, on the host. The answers stay on the
+    device until every forward is queued, and come back in one read."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, not {batch_size}")
     pieces = [_pieces(p) for p in perturbations]
@@ -242,22 +252,25 @@ def score(model: nn.Module, perturbations: Sequence[Perturbation], target: Tenso
         logits = model(images).float()
         probs.append(logits.softmax(dim=-1).gather(1, target[image, None])[:, 0])
         classes.append(logits.argmax(dim=-1))
-    probs, classes = torch.cat(probs).cpu(), torch.cat(classes).cpu()
+    # float64 holds every float32 probability and class index exactly: one copy to the host for both
+    answers = torch.stack([torch.cat(probs).double(), torch.cat(classes).double()]).cpu()
+    probs, classes = answers[0].float(), answers[1].long()
     results, at = [], 0
     for p in perturbations:
-        k, b, n = p.ranks.shape
-        counts, varying = p.counts.cpu(), p.varying.cpu()
-        out = [torch.empty(k, b, len(counts), dtype=v.dtype) for v in (probs, classes)]
-        for count in [c for c in (0, n) if (counts == c).any()]:   # one image per image: broadcast to every map
-            for o, v in zip(out, (probs, classes)):
-                o[:, :, counts == count] = v[at:at + b, None]
+        k, b, _ = p.ranks.shape
+        columns = [{}, {}]   # step -> k b, for probs and classes
+        for count in p.shared:   # one image per image: broadcast to every map
+            for column, v in zip(columns, (probs, classes)):
+                column.update({step: v[at:at + b].expand(k, b) for step, c in enumerate(p.counts) if c == count})
             at += b
-        if len(varying):
-            rows = k * b * len(varying)
-            for o, v in zip(out, (probs, classes)):
-                o[:, :, varying] = rearrange(v[at:at + rows], '(k b s) -> k b s', k=k, b=b)
+        if p.varying:
+            rows = k * b * len(p.varying)
+            for column, v in zip(columns, (probs, classes)):
+                varying = rearrange(v[at:at + rows], '(k b s) -> k b s', k=k, b=b)
+                column.update({step: varying[:, :, j] for j, step in enumerate(p.varying)})
             at += rows
-        results.append(Scores(*out))
+        results.append(Scores(*(torch.stack([column[step] for step in range(len(p.counts))], dim=-1)
+                                for column in columns)))
     return results
 
 
