@@ -80,17 +80,19 @@ class Plan:
 
 
 def metric(clean: Trace, corrupted: Trace, target: Target = None, foil: Target = None) -> Metric:
-    """The metric for one image's two runs (default target: the clean run's top class); refuses equal m."""
-    target = int(resolve_target(clean.logits, target)[0])
+    """The metric for one image's two runs (default target: the clean run's top class); refuses equal m. Two reads
+    of the device: the classes it may need, then m on both runs."""
+    classes = torch.cat([resolve_target(clean.logits, target)[:1], corrupted.logits[0].argmax()[None],
+                         clean.logits[0].topk(min(2, clean.logits.shape[1])).indices[-1:]])
+    target, corrupted_top, clean_second = classes.tolist()
     if foil is None:
-        foil = int(corrupted.logits[0].argmax())
-        if foil == target:
-            foil = int(clean.logits[0].topk(2).indices[1])
-    foil = int(resolve_target(clean.logits, foil)[0])
+        foil = clean_second if corrupted_top == target else corrupted_top
+    else:
+        foil = int(resolve_target(clean.logits, foil)[0])
     if foil == target:
         raise ValueError("the foil class is the target class: their logit difference is always 0")
     m = Metric(target, foil, 0.0, 0.0)
-    m_clean, m_corrupted = float(m.of(clean.logits)[0]), float(m.of(corrupted.logits)[0])
+    m_clean, m_corrupted = torch.cat([m.of(clean.logits), m.of(corrupted.logits)]).tolist()
     if abs(m_clean - m_corrupted) <= 1e-5 * max(1.0, abs(m_clean), abs(m_corrupted)):
         raise ValueError(f"the two images give the model the same answer (logit[{target}] - logit[{foil}] = "
                          f"{m_clean:.4g} on both), so there is no difference for patching to carry: take a "
