@@ -3,6 +3,9 @@ counts and why a timing could not show it). A training run reads its numbers bac
 steps and at the end of each epoch, and nothing else in the loop."""
 from __future__ import annotations
 
+import collections
+import contextlib
+
 import pytest
 import torch
 
@@ -79,3 +82,151 @@ def test_caching_activations_never_waits_for_the_device_per_batch(tmp_path):
             cache_activations(vit, data, block=-1, root=tmp_path, batch_size=2, progress=False)
         counts[n] = sum(calls.values())
     assert counts[16] == counts[4], counts
+
+
+# ---- the explanation methods: a fixed number of waits per call, none per block, position or image ----------------
+# Each method runs on small random models at two sizes (more blocks, more positions, more images) and must wait the
+# same number of times, within the bound its test states: reading its result back once, at the end, and the
+# checks of what it was given at the start.
+
+def tiny(family: str, depth: int) -> torch.nn.Module:
+    """A random-weight model of `family` for 32 px inputs, with `depth` blocks (a Swin and a ResNet: per stage)."""
+    from vitviz.models import ResNet, ResNetConfig, Swin, SwinConfig, ViT, ViTConfig
+
+    torch.manual_seed(0)
+    if family == "vit":
+        model = ViT(ViTConfig(img_size=(32, 32), patch_size=8, embed_dim=16, depth=depth, num_heads=2, num_classes=5))
+    elif family == "swin":   # a 16 x 16 grid in 4 x 4 windows, shifted every second block, then an 8 x 8 one
+        model = Swin(SwinConfig(img_size=(32, 32), patch_size=2, embed_dim=8, depths=(depth, depth), num_heads=(1, 2),
+                                window_size=4, num_classes=5))
+    else:
+        model = ResNet(ResNetConfig(block="basic", layers=(depth, depth), widths=(8, 16), stem_width=8, stem_kernel=3,
+                                    num_classes=5))
+    return model.eval()
+
+
+def waits(function, *args, **kwargs) -> int:
+    """How many times `function(*args, **kwargs)` would make the host wait for a GPU."""
+    with counting() as calls:
+        function(*args, **kwargs)
+    return sum(calls.values())
+
+
+@pytest.mark.parametrize("family", ["vit", "swin", "resnet"])
+def test_receptive_fields_read_every_blocks_radii_back_once(family):
+    """The centre token comes from the geometry on the host; the radii of every block come back in one read."""
+    from vitviz import explain
+
+    pixels = torch.randn(2, 3, 32, 32)
+    models = {depth: tiny(family, depth) for depth in (1, 3)}
+    counts = {depth: waits(explain.receptive_field, model, pixels) for depth, model in models.items()}
+    assert counts == {1: 1, 3: 1}
+
+
+@pytest.mark.parametrize("family", ["vit", "swin"])
+def test_direct_logit_attribution_and_token_effects_never_wait_for_the_device(family):
+    """Nothing is read back: the parts and the maps stay on the trace's device. A target and a foil given by the
+    caller are checked (each in the model's range, and not the same class): three reads, whatever the depth."""
+    from vitviz import explain
+
+    def attribution_and_maps(model, trace):
+        return explain.decide.token_effect_maps(explain.direct_logit_attribution(model, trace), trace)
+
+    pixels = torch.randn(2, 3, 32, 32)
+    counts, checked = {}, {}
+    for depth in (1, 3):
+        model = tiny(family, depth)
+        with torch.no_grad():
+            trace = model.trace(pixels, decompose=True)
+        counts[depth] = waits(attribution_and_maps, model, trace)
+        checked[depth] = waits(explain.direct_logit_attribution, model, trace, target=1, foil=2)
+    assert counts == {1: 0, 3: 0} and checked == {1: 3, 3: 3}
+
+
+def test_activation_patching_reads_its_metric_twice_whatever_the_blocks_and_positions():
+    """The metric's classes, then m on the clean and corrupted runs; the patched forwards' effects stay on the
+    device: 1 block of 4 squares and a class token against 3 blocks of 16 tokens and a class token, and heads."""
+    from vitviz import explain
+
+    clean = torch.randn(1, 3, 32, 32)
+    corrupted = explain.corrupt(clean, "noise")
+    models = {depth: tiny("vit", depth) for depth in (1, 3)}
+    resid = {depth: waits(explain.patch_activations, model, clean, corrupted, group=2 if depth == 1 else 1,
+                          batch_size=4) for depth, model in models.items()}
+    heads = {depth: waits(explain.patch_activations, model, clean, corrupted, site="head", batch_size=1)
+             for depth, model in models.items()}
+    assert resid == heads == {1: 2, 3: 2}
+
+
+@pytest.mark.parametrize("method", ["rollout", "grad-rollout", "chefer"])
+def test_rollout_through_swins_windows_never_waits_for_the_device(method):
+    from vitviz.explain import METHODS
+
+    pixels = torch.randn(2, 3, 32, 32)
+    counts = {}
+    for depth in (1, 3):
+        model = tiny("swin", depth)
+        if METHODS[method].targeted:
+            counts[depth] = waits(METHODS[method].maps, model, pixels, None, to_stage=0)
+        else:
+            with torch.no_grad():
+                trace = model.trace(pixels)
+            counts[depth] = waits(METHODS[method].from_trace, trace, to_stage=0)
+    assert counts == {1: 0, 3: 0}
+
+
+@contextlib.contextmanager
+def copies_to_the_device():
+    """Count copies of host tensors to another device (`Tensor.to`). On a GPU such a copy from ordinary host memory
+    waits until the device has done everything queued before it, as a read back does; on the meta device (shapes
+    without data) a CPU can count them."""
+    copies = collections.Counter()
+    original = torch.Tensor.to
+
+    def to(self, *args, **kwargs):
+        moved = original(self, *args, **kwargs)
+        if self.device.type == "cpu" and moved.device.type != "cpu":
+            copies[f"{tuple(self.shape)} to {moved.device}"] += 1
+        return moved
+
+    torch.Tensor.to = to
+    try:
+        yield copies
+    finally:
+        torch.Tensor.to = original
+
+
+def test_swins_forward_and_rollout_copy_their_windows_to_the_device_once_not_in_every_block():
+    """The window index, the shifted windows' mask and the relative position index are made on the device once
+    and kept: a second pass copies nothing, at any depth."""
+    from vitviz import explain
+
+    pixels = torch.randn(1, 3, 32, 32, device="meta")
+    copies = {}
+    for depth in (1, 3):
+        model = tiny("swin", depth).to("meta")
+        with torch.no_grad():
+            explain.attention_rollout(model.trace(pixels), to_stage=0)   # the first pass on a device: kept there
+            with copies_to_the_device() as copied:
+                model(pixels)
+                explain.attention_rollout(model.trace(pixels), to_stage=0)
+        copies[depth] = dict(copied)
+    assert copies == {1: {}, 3: {}}
+
+
+def test_an_evaluation_batch_waits_a_fixed_number_of_times_whatever_its_images():
+    """`evaluate`'s batch of 2 and of 6 images (4 perturbed images a forward: many more forwards) wait the same: three
+    reads of the device (LeGrad's check of its target, every forward's answers at once, the batch's predictions,
+    references and probabilities at once) and twelve conversions of host tensors to lists (the deletion and
+    insertion schedules, and each of the five tests' fractions and curves), none per image or per forward."""
+    from vitviz import hub
+    from vitviz.evaluate import Settings, evaluate_batch
+
+    loaded = hub.load("vit-cifar10", device="cpu")
+    settings = Settings(steps=4, regions=8, forward_batch=4)
+    counts = {}
+    for images in (2, 6):
+        pixels = torch.randn(images, 3, 32, 32)
+        counts[images] = waits(evaluate_batch, loaded, pixels, indices=list(range(images)), labels=torch.arange(images),
+                               methods=["rollout", "legrad"], settings=settings)
+    assert counts[2] == counts[6] <= 3 + 12, counts
