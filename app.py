@@ -23,7 +23,7 @@ except ImportError:
     pass
 
 from vitviz import catalog, hub  # noqa: E402
-from vitviz.export import drawing_threads  # noqa: E402
+from vitviz.files import drawing_threads  # noqa: E402
 from vitviz.image import MAX_UPLOAD_BYTES  # noqa: E402
 from vitviz.session import MODEL_GATE  # noqa: E402
 from vitviz.ui import STYLE, build, gpu, pairs_at_hand, serving  # noqa: E402

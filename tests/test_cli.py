@@ -12,7 +12,8 @@ from PIL import Image
 
 import vitviz
 from vitviz import __main__ as cli
-from vitviz.export import MANIFEST, safe_name
+from vitviz.export import MANIFEST
+from vitviz.files import safe_name
 from vitviz.image import read_image
 from vitviz.session import decode_side, explain_image
 

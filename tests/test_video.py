@@ -65,7 +65,7 @@ def test_every_sampled_frames_maps_equal_the_photo_pipelines_on_the_same_decoded
     assert [f.time for f in kept] == pytest.approx([k / 8 for k in range(8)], abs=1e-3)   # one frame in three
     assert result.manifest["sampling"]["times"] == [f.time for f in kept]
     for model in pair:
-        folder = tmp_path / "out" / vitviz.export.safe_name(model.name)
+        folder = tmp_path / "out" / vitviz.files.safe_name(model.name)
         for method in ("rollout", "chefer"):
             saved = np.load(folder / f"{method}.npy")
             assert saved.shape[0] == len(kept)
@@ -90,8 +90,8 @@ def test_the_output_is_h264_yuv420p_with_every_frame_and_the_manifest_and_timeli
     manifest = json.loads((tmp_path / "out" / clips.MANIFEST_FILE).read_text())
     assert manifest["sampling"]["frames"] == 16 and manifest == json.loads(json.dumps(result.manifest))
     for model in pair:
-        stack = np.load(tmp_path / "out" / vitviz.export.safe_name(model.name) / "rollout.npy")
-        assert manifest["files"][f"{vitviz.export.safe_name(model.name)}/rollout.npy"]["shape"] == list(stack.shape)
+        stack = np.load(tmp_path / "out" / vitviz.files.safe_name(model.name) / "rollout.npy")
+        assert manifest["files"][f"{vitviz.files.safe_name(model.name)}/rollout.npy"]["shape"] == list(stack.shape)
         steady = np.mean([clips.spearman(a.ravel(), b.ravel()) for a, b in zip(stack[:-1], stack[1:])])
         assert manifest["stability"]["consecutive_frames_spearman"][model.name]["rollout"] == pytest.approx(
             steady, abs=1e-6)

@@ -29,17 +29,8 @@ from .compare import TOKENS
 from .data import CIFAR10_FILE, CIFAR10_VARIABLE, IMAGE_SUFFIXES, DataError, cached_cifar10, cifar10_file, make_cifar10
 from .distributed import ranks as process_ranks
 from .explain import METHODS
-from .export import (
-    FORMATS,
-    MANIFEST,
-    drawing_threads,
-    export_image,
-    manifest,
-    png_bytes,
-    safe_name,
-    write_atomic,
-    write_manifest,
-)
+from .export import FORMATS, MANIFEST, export_image, manifest, write_manifest
+from .files import drawing_threads, png_bytes, safe_name, write_atomic
 from .image import ImageError, read_image
 from .session import decode_side, explain_images, faithfulness_curves
 
@@ -171,7 +162,7 @@ def cmd_explain(args) -> int:
                 save_manifest(own_manifest, entries, skipped)
 
         # drawing and encoding release the GIL for most of their time: one image (all its models) per thread, and
-        # numpy's BLAS on one thread inside them (`export.drawing_threads`)
+        # numpy's BLAS on one thread inside them (`files.drawing_threads`)
         with ThreadPoolExecutor(max_workers=os.cpu_count()) as pool, drawing_threads():
             for chunk in todo:
                 batch = []

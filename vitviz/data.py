@@ -33,7 +33,7 @@ import torch
 from PIL import Image
 from tqdm import tqdm
 
-from .export import write_atomic
+from .files import write_atomic
 from .image import read_image
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp", ".tif", ".tiff", ".avif"}

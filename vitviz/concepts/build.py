@@ -26,7 +26,7 @@ from torch import Tensor
 
 from ..data import Dataset
 from ..distributed import Ranks
-from ..export import write_atomic
+from ..files import write_atomic
 from .activations.align import Alignment, align, in_photo
 from .activations.batches import Activations, token_count
 from .activations.cache import Cached, cache_activations

@@ -54,7 +54,7 @@ from tqdm import tqdm
 
 from ...data import Dataset
 from ...distributed import Ranks
-from ...export import safe_name, write_atomic
+from ...files import safe_name, write_atomic
 from ...image import ImageError
 from ...models.trace import BlockTrace, Trace
 from ..kinds.dictionary import ConceptsError

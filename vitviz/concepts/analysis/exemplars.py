@@ -59,7 +59,7 @@ from safetensors.torch import load as load_tensors, save as save_tensors
 from torch import Tensor
 
 from ...data import Dataset
-from ...export import safe_name, write_atomic
+from ...files import safe_name, write_atomic
 from ...image import ImageError, read_image
 from ..activations.align import Alignment
 from ..activations.cache import Cached

@@ -55,7 +55,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from ...data import Dataset
-from ...export import write_atomic
+from ...files import write_atomic
 from ...models.trace import Trace
 from ..activations.align import Alignment, align, in_photo, token_rectangles
 from ..activations.cache import block_index, block_tokens, default_tokens

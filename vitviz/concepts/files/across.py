@@ -18,7 +18,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from ...export import safe_name, write_atomic
+from ...files import safe_name, write_atomic
 from ..kinds.across import Across
 from ..kinds.dictionary import ConceptsError
 from . import own

@@ -27,7 +27,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load as load_tensors, save as save_tensors
 from torch import Tensor
 
-from ...export import write_atomic
+from ...files import write_atomic
 from ..kinds import kind_named
 from ..kinds.dictionary import ConceptsError, Dictionary, Origin
 
