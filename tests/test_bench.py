@@ -20,7 +20,13 @@ EXPECTED = {   # line start -> the rest of it; one line each
     **{f"vit traced b{b} {shape}": rf": vitviz trace {TIMES}, timm plain {TIMES}, {RATIO}$"
        for shape in ("vit_small_patch16_224", "vit_base_patch16_224") for b in (1, 8)},
     **{f"cvt forward b{b} CvT-13": rf": vitviz {TIMES}, transformers {TIMES}, {RATIO}$" for b in (1, 8)},
-    "explain pipeline ViT-B/16": rf"vitviz .* {TIMES}, transformers eager .* {TIMES}, {RATIO}$",
+    "explain pipeline ViT-B/16 on one": rf" \d+x\d+ photo: vitviz .* {TIMES}, transformers eager .* {TIMES}, {RATIO}; "
+                                        rf"floor: its traced forward alone {TIMES}, [\d.]+ of the peer's pipeline"
+                                        rf"(, above the target: out of reach at this forward's speed)?$",
+    "explain pipeline ViT-B/16 stages": r", vitviz on one \d+x\d+ photo \(medians\): decode [\d.]+ ms, resize \+ "
+                                        r"normalise [\d.]+ ms, trace [\d.]+ ms, map \(rollout\) [\d.]+ ms, overlay "
+                                        r"[\d.]+ ms, encode \(PNG\) [\d.]+ ms; their sum [\d.]+ ms, the pipeline "
+                                        r"[\d.]+ ms$",
     **{f"app request 1 MP JPEG, {pair}": rf": request {TIMES} \(of which JPEG decode to \d+x\d+ [\d.]+ ms\), "
                                           rf"plain forwards [\d.]+ \+ [\d.]+ ms, {RATIO}$"
        for pair in ("ImageNet pair", "stand-ins")},
