@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 import vitviz
-from vitviz import __main__ as cli
+from vitviz import cli, export
 from vitviz.export import MANIFEST
 from vitviz.files import safe_name
 from vitviz.image import read_image
@@ -75,7 +75,7 @@ def test_exported_maps_equal_what_the_python_api_returns(run_dir, images):
 
 def test_resume_skips_complete_images_and_does_no_work(run_dir, images, monkeypatch, capsys):
     before = {p: p.stat().st_mtime_ns for p in run_dir.rglob("*.npy")}
-    monkeypatch.setattr(cli, "explain_images", lambda *a, **k: pytest.fail("--resume ran a model"))
+    monkeypatch.setattr(export, "explain_images", lambda *a, **k: pytest.fail("--resume ran a model"))
     code = cli.main(["explain", str(images), "--models", *MODELS, "--methods", *METHODS, "--out", str(run_dir),
                      "--resume", "--faithfulness-steps", "4"])
     assert code == 0

@@ -28,7 +28,7 @@ from hub_server import files_of
 from test_explain import spearman
 from test_models import VIT_STD, perturb_
 from vitviz import catalog, explain
-from vitviz.__main__ import main as cli
+from vitviz.cli import main as cli
 from vitviz.hub import LoadError, Source
 from vitviz.preprocess import PROMPT_TEMPLATE, prompts_from_text
 

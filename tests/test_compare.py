@@ -17,7 +17,7 @@ from PIL import Image
 import test_evaluate
 from test_evaluate import jpeg, run, write_npz
 from test_models import VIT_STD, cvt_pair, perturb_, transformers_cvt, vit_config_of
-from vitviz import __main__ as cli, catalog, compare as cmp
+from vitviz import catalog, cli, compare as cmp
 from vitviz.models import ViT, load_weights
 
 ROOT = Path(__file__).resolve().parents[1]

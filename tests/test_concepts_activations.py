@@ -202,7 +202,7 @@ def test_aligning_needs_photos_of_one_size(vit, cvt, tmp_path):
 
 
 def test_the_train_command_writes_a_dictionary_that_knows_its_layer(tmp_path):
-    from vitviz.__main__ import main
+    from vitviz.cli import main
 
     folder = tmp_path / "photos"
     folder.mkdir()

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from vitviz import concepts, hub
-from vitviz.__main__ import main
+from vitviz.cli import main
 from vitviz.concepts import ConceptsError
 from vitviz.concepts.analysis.photo import ACROSS_REMOVAL, readers, shared_concepts
 from vitviz.concepts.analysis.splice import concept_effects

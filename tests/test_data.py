@@ -14,7 +14,7 @@ import pytest
 import torchvision
 from PIL import Image
 
-from vitviz import __main__ as cli, data
+from vitviz import cli, data
 from vitviz.data import DataError, cached_cifar10, cifar10_file, open_data, open_npz
 
 CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]

@@ -393,7 +393,7 @@ def test_cli_decide_writes_the_attribution_table_and_token_effect_maps_the_api_c
     from PIL import Image
 
     import vitviz
-    from vitviz import __main__ as cli
+    from vitviz import cli
     from vitviz.export import DECIDE, MANIFEST, TOKEN_EFFECTS
     from vitviz.files import safe_name
     from vitviz.image import read_image

@@ -14,7 +14,7 @@ import torch
 
 import vitviz
 from tests.app_server import launch
-from vitviz import __main__ as cli, explain
+from vitviz import cli, explain
 from vitviz.export import DECIDE, MANIFEST, TOKEN_EFFECTS
 from vitviz.models.cvt import CvT
 from vitviz.models.vit import ViT

@@ -16,7 +16,7 @@ from PIL import Image
 from torch import nn
 
 import vitviz
-from vitviz import __main__ as cli, evaluate as ev
+from vitviz import cli, evaluate as ev
 from vitviz.bundle import save_bundle
 from vitviz.data import DataError, open_data
 from vitviz.explain import METHODS, Method

@@ -12,24 +12,30 @@ folder and the app's download zip alike (same files, same names).
 views), or both.
 
 Each file is written under a temporary name and renamed, so an interrupted run never leaves half a file.
+`export_images` is `python -m vitviz explain`'s pipeline over many images: batched, sharded under torchrun, resumable.
 """
 from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from . import __version__
+from .distributed import Ranks
 from .explain import METHODS, direct_logit_attribution, method as find_method, token_effect_maps
-from .files import npy_bytes, png_bytes, safe_name, write_atomic
-from .session import ModelRun
+from .files import drawing_threads, npy_bytes, png_bytes, safe_name, write_atomic
+from .image import ImageError, read_image
+from .session import ModelRun, decode_side, explain_images, faithfulness_curves
 from .views import grid_views, map_view, stage_views
 
 MANIFEST = "manifest.json"
@@ -184,3 +190,132 @@ def zip_folder(folder: Path, zip_path: Path) -> Path:
                               compress_type=zipfile.ZIP_STORED if path.suffix == ".png" else zipfile.ZIP_DEFLATED)
     os.replace(tmp, zip_path)
     return zip_path
+
+
+def image_ids(paths: list[Path]) -> list[str]:
+    """One folder name per image: its file stem, made unique."""
+    ids, seen = [], {}
+    for path in paths:
+        base = safe_name(path.stem)
+        seen[base] = seen.get(base, 0) + 1
+        ids.append(base if seen[base] == 1 else f"{base}-{seen[base]}")
+    return ids
+
+
+def complete(out: Path, entry: dict | None, models: list[str], methods: list[str], formats: list[str],
+             decide: bool = False, concepts: dict[str, str] | None = None) -> bool:
+    """Whether a previous run's manifest entry already holds every requested output, on disk. `concepts`: the
+    dictionary each model's codes are asked of (model name -> its source), where --concepts is given."""
+    if not entry:
+        return False
+    done = {m["model"]: m for m in entry.get("models", [])}
+    for name in models:
+        model = done.get(name)
+        if model is None or set(methods) - set(model.get("maps", {})):
+            return False
+        if {f"{m}.{ext}" for m in methods for ext in formats} - set(model.get("files", [])):
+            return False
+        if decide and "decide" not in model:
+            return False
+        if name in (concepts or {}) and (model.get("concepts") or {}).get("dictionary") != concepts[name]:
+            return False
+        folder = out / entry["id"] / safe_name(name)
+        if not all((folder / f).is_file() for f in model.get("files", [])):
+            return False
+    return True
+
+
+def previous_entries(out: Path) -> dict[str, dict]:
+    """The image entries of earlier runs' manifests (merged, and each rank's own), by image path."""
+    entries = {}
+    for path in sorted(out.glob("manifest*.json")):
+        entries.update({e["path"]: e for e in json.loads(path.read_text()).get("images", [])})
+    return entries
+
+
+def export_images(paths: Sequence[Path], models: Sequence, out: Path, *, ranks: Ranks, methods: Sequence[str],
+                  formats: Sequence[str] = FORMATS, head_fusion: str = "mean", discard_ratio: float = 0.0,
+                  batch_size: int = 8, faithfulness_steps: int = 0, decide: bool = False,
+                  concepts: Sequence | None = None, resume: bool = False) -> tuple[list[dict], list[dict]] | None:
+    """What `python -m vitviz explain` does: the images at `paths` through the loaded `models` in batches of
+    `batch_size`, each image's files for every model written to OUT/<image>/<model>/ (`export_image`, on threads,
+    while the next batch's forwards run) and the manifest rewritten after each batch, so an interrupted run keeps
+    what it finished; `resume` skips the images an earlier run's manifest holds complete. Images that do not
+    decode are skipped and listed. `concepts`: each model's `concepts.analysis.photo.Reader` or None.
+    Sharded by image under torchrun (`ranks`): whole batches dealt to the ranks, each rank writing its images'
+    folders and its own manifest (manifest-rank<r>.json), rank 0 the merged manifest.json.
+    -> the manifest's image entries and skipped images, in the order of `paths`; None on a rank other than 0."""
+    methods = list(dict.fromkeys(methods))
+    formats = list(dict.fromkeys(formats))
+    params = {"head_fusion": head_fusion, "discard_ratio": discard_ratio}
+    names = [m.name for m in models]
+    concept_sources = {name: reader.source for name, reader in zip(names, concepts or []) if reader}
+    done = previous_entries(out) if resume else {}
+    items = list(zip(paths, image_ids(paths)))
+    chunks = ranks.mine([items[i:i + batch_size] for i in range(0, len(items), batch_size)])
+    entries, skipped, todo = [], [], []
+    for chunk in chunks:
+        finished = [(p, i) for p, i in chunk if complete(out, done.get(str(p)), names, methods, formats,
+                                                            decide, concept_sources)]
+        entries += [done[str(p)] for p, _ in finished]
+        todo.append([item for item in chunk if item not in finished])
+    if resume:
+        print(f"resume{f' (rank {ranks.rank})' if ranks.world > 1 else ''}: {len(entries)} image(s) already "
+              f"complete, {sum(map(len, todo))} to do", file=sys.stderr)
+    own_manifest = out / (MANIFEST if ranks.world == 1 else f"manifest-rank{ranks.rank}.json")
+
+    def save_manifest(path: Path, images: list[dict], skips: list[dict]) -> None:
+        write_manifest(path.parent, manifest(models=models, methods=methods, params=params, images=images,
+                                             skipped=skips, faithfulness_steps=faithfulness_steps),
+                       name=path.name)
+
+    target = decode_side(models)
+    bar = tqdm(total=sum(map(len, todo)), unit="image", desc="explain", file=sys.stderr, disable=not ranks.leader)
+    start = time.time()
+    pending = []   # the previous batch's exports: collected once the next batch's forwards are done
+
+    def collect(exports) -> None:
+        for export in exports:
+            entries.append(export.result())
+            bar.update(1)
+            bar.set_postfix(img_s=f"{bar.n / (time.time() - start):.2f}")
+        if exports:
+            save_manifest(own_manifest, entries, skipped)
+
+    # drawing and encoding release the GIL for most of their time: one image (all its models) per thread, and
+    # numpy's BLAS on one thread inside them (`files.drawing_threads`)
+    with ThreadPoolExecutor(max_workers=os.cpu_count()) as pool, drawing_threads():
+        for chunk in todo:
+            batch = []
+            for path, image_id in chunk:
+                try:
+                    batch.append((path, image_id, read_image(path, target_size=target)))
+                except ImageError as e:
+                    skipped.append({"path": str(path), "reason": str(e)})
+                    bar.update(1)
+            if not batch:
+                continue
+            images, preprocessed = [image for _, _, image in batch], {}
+            runs_per_model = [explain_images(images, loaded, batch_size=batch_size, preprocessed=preprocessed)
+                              for loaded in models]
+            for runs in runs_per_model:   # the batch's curves in batched forwards, kept in the runs for export
+                classified = [run for run in runs if run.has_classifier]
+                for method in methods if faithfulness_steps and classified else ():
+                    faithfulness_curves(classified, method, steps=faithfulness_steps)
+            collect(pending)
+            pending = [pool.submit(export_image, out, image_id, path, image, [runs[k] for runs in runs_per_model],
+                                   methods, formats=formats, faithfulness_steps=faithfulness_steps,
+                                   params=params, decide=decide, concepts=concepts)
+                       for k, (path, image_id, image) in enumerate(batch)]
+        collect(pending)
+    bar.close()
+    save_manifest(own_manifest, entries, skipped)
+    gathered = ranks.gather(json.dumps({"images": entries, "skipped": skipped}))
+    if not ranks.leader:
+        return None
+    parts = [json.loads(text) for text in gathered]
+    order = {str(path): k for k, (path, _) in enumerate(items)}
+    entries = sorted((e for part in parts for e in part["images"]), key=lambda e: order[e["path"]])
+    skipped = sorted((s for part in parts for s in part["skipped"]), key=lambda s: order[s["path"]])
+    save_manifest(out / MANIFEST, entries, skipped)
+    return entries, skipped

@@ -16,7 +16,7 @@ def measure(bench: Bench, items: set[str]) -> None:
     per second writing maps as .npy only and writing every PNG too (both without the deletion/insertion curves,
     which are forwards of their own), and .npy with the default curves. Wall clock whatever --clock says (the
     drawing and encoding run on a thread pool, whose gain a CPU clock would not show); one sample each."""
-    from vitviz import __main__ as cli
+    from vitviz import cli
 
     vit, cvt, what = bench.bundled_pair
     folder = bench.folder("explain-photos")

@@ -1,0 +1,206 @@
+"""`vitviz concepts train / exemplars / evaluate / match`: concept dictionaries (`vitviz.concepts`; what each
+command does is `vitviz.concepts.build`'s and `vitviz.concepts.analysis.match`'s)."""
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+from pathlib import Path
+
+from .. import hub
+from ..distributed import ranks as process_ranks
+from ..files import write_atomic
+from .common import DATA_HELP, UsageError, prepare_out
+
+
+def cmd_concepts_train(args) -> int:
+    from ..concepts import ConceptsError
+    from ..concepts.build import cache_layers, train_layers
+    from ..data import open_data, spread
+
+    out = prepare_out(Path(args.out))
+    blocks = args.block * len(args.models) if len(args.block) == 1 else args.block
+    if len(blocks) != len(args.models):
+        raise UsageError(f"--block takes one block for every model, or one per model: {len(args.block)} given for "
+                         f"{len(args.models)} models")
+    if args.limit is not None and args.limit < 1:
+        raise UsageError(f"--limit must be at least 1, not {args.limit}")
+    data = open_data(args.data, split=args.split)
+    settings = {"kind": args.kind, "expansion": args.expansion, "epochs": args.epochs, "steps": args.steps,
+                "warmup": args.warmup, "buffer": args.shuffle_buffer, "batch_size": args.batch_size, "lr": args.lr,
+                "seed": args.seed,
+                **({"k": args.k} if args.k is not None else {}), **({"l1": args.l1} if args.l1 is not None else {})}
+    try:
+        with process_ranks(args.device) as ranks, warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)   # a poor fit is said below, in the command's own words
+            loaded = [hub.load(name, device=ranks.device) for name in args.models]
+            layers = cache_layers(loaded, data, blocks=blocks, tokens=args.tokens, root=args.cache,
+                                  indices=spread(len(data), args.limit), ranks=ranks)
+            record = train_layers(loaded, layers, out=out, leader=ranks.leader, device=ranks.device,
+                                  **settings).training_record
+    except ConceptsError as e:
+        raise UsageError(str(e)) from None
+    fvu = record["fvu"] if isinstance(record["fvu"], dict) else {args.models[0]: record["fvu"]}
+    print(f"trained {record['steps']} steps ({record['epochs']} passes over the data, {record['tokens']:,} tokens); "
+          f"FVU on its training tokens: " + ", ".join(f"{model} {value:.3f}" for model, value in fvu.items()))
+    if "warning" in record:
+        print(f"warning: {record['warning']}", file=sys.stderr)
+    print(f"wrote the dictionary to {out}")
+    return 0
+
+
+def cmd_concepts_exemplars(args) -> int:
+    from ..concepts import ConceptsError, load
+    from ..concepts.build import exemplar_indexes
+    from ..data import open_data, spread
+
+    if args.limit is not None and args.limit < 1:
+        raise UsageError(f"--limit must be at least 1, not {args.limit}")
+    if not 1 <= args.jpeg_quality <= 95:
+        raise UsageError(f"--jpeg-quality must be from 1 to 95, not {args.jpeg_quality}")
+    data = open_data(args.data, split=args.split)
+    try:
+        dictionary = load(args.dictionary)
+        folder = Path(args.dictionary)
+        if not folder.is_dir():
+            raise UsageError(f"{args.dictionary} is not a folder: the exemplar index is written into the "
+                             f"dictionary's folder")
+        names = getattr(dictionary, "models", None) or [dictionary.model]
+        with process_ranks(args.device) as ranks:
+            loaded = [hub.load(name, device=ranks.device) for name in names]
+            files = exemplar_indexes(loaded, dictionary, data, folder=folder, root=args.cache, top=args.top,
+                                     quality=args.jpeg_quality,
+                                     indices=spread(len(data), args.limit), ranks=ranks)
+    except ConceptsError as e:
+        raise UsageError(str(e)) from None
+    for file in files:
+        print(f"wrote {file} ({file.stat().st_size / 1e6:.2f} MB)")
+    return 0
+
+
+def cmd_concepts_evaluate(args) -> int:
+    from ..concepts import ConceptsError, load
+    from ..concepts.build import evaluate_dictionary
+    from ..data import open_data, spread
+
+    if args.limit is not None and args.limit < 1:
+        raise UsageError(f"--limit must be at least 1, not {args.limit}")
+    data = open_data(args.data, split=args.split)
+    try:
+        dictionary = load(args.dictionary)
+        names = getattr(dictionary, "models", None) or [dictionary.model]
+        loaded = [hub.load(name, device=args.device) for name in names]
+        report = evaluate_dictionary(loaded, dictionary, data, root=args.cache, indices=spread(len(data), args.limit))
+    except ConceptsError as e:
+        raise UsageError(str(e)) from None
+    out = Path(args.out) if args.out else (Path(args.dictionary) / "metrics.json")
+    prepare_out(out.parent)
+    write_atomic(out, (json.dumps(report, indent=1) + "\n").encode())
+    print(json.dumps({k: v for k, v in report.items() if not isinstance(v, list) or len(v) < 8}, indent=1))
+    print(f"wrote {out}")
+    return 0
+
+
+def cmd_concepts_match(args) -> int:
+    from ..concepts import ConceptsError, load
+    from ..concepts.analysis.match import Side, match
+    from ..data import open_data, spread
+
+    if args.limit is not None and args.limit < 1:
+        raise UsageError(f"--limit must be at least 1, not {args.limit}")
+    data = open_data(args.data, split=args.split)
+    out = prepare_out(Path(args.out))
+    try:
+        sides = []
+        for source in (args.a, args.b):
+            dictionary = load(source)
+            if dictionary.model is None:
+                raise UsageError(f"{source} does not record its model: matching needs to know which to run")
+            sides.append(Side(hub.load(dictionary.model, device=args.device), dictionary))
+        matches = match(*sides, data, indices=spread(len(data), args.limit), keep_matrix=args.matrix)
+        matches.save(out)
+    except ConceptsError as e:
+        raise UsageError(str(e)) from None
+    best = ", ".join(f"{int(a)}-{int(b)} ({r:.2f})" for (a, b), r in zip(matches.pairs[:5].tolist(),
+                                                                         matches.correlation[:5].tolist()))
+    print(f"{len(matches.pairs)} pairs over {matches.rows} cells of {matches.images} images; the closest: {best}")
+    print(f"wrote {out}")
+    return 0
+
+
+def add_parser(sub) -> None:
+    """`concepts train` (and the other concept commands) under the main parser."""
+    from ..concepts.activations.cache import TOKENS as CONCEPT_TOKENS
+    from ..concepts.build import DEFAULT_CACHE
+    from ..concepts.kinds import KINDS
+
+    k = sub.add_parser("concepts", help="concept dictionaries (sparse autoencoders): train, evaluate, match")
+    commands = k.add_subparsers(dest="concepts_command", required=True)
+    t = commands.add_parser("train", help="train a dictionary of one model's block, or one across two or more "
+                                          "models (torchrun makes it data-parallel)")
+    t.add_argument("--models", nargs="+", required=True, help="catalog names, Hub ids or folders; two or more: one "
+                                                              "dictionary across them, on their aligned grids")
+    t.add_argument("--block", nargs="+", type=int, default=[-1],
+                   help="the block whose output tokens are read (from 0; negative from the end): one for every "
+                        "model or one per model (default: the last)")
+    t.add_argument("--tokens", default=None, choices=CONCEPT_TOKENS,
+                   help="which tokens: patch (default; a CNN's are its positions), cls, patch+cls")
+    t.add_argument("--data", required=True, help=DATA_HELP)
+    t.add_argument("--split", default="train", help="the .npz's split to read (default: train)")
+    t.add_argument("--limit", type=int, default=None, help="at most this many images, spread evenly over the data")
+    t.add_argument("--kind", default="topk", choices=list(KINDS))
+    t.add_argument("--k", type=int, default=None, help="TopK and BatchTopK: concepts per token (default 32)")
+    t.add_argument("--l1", type=float, default=None, help="standard: the L1 coefficient (default 1.0)")
+    t.add_argument("--expansion", type=int, default=8, help="concepts per activation dimension (default 8)")
+    t.add_argument("--steps", type=int, default=None,
+                   help="training steps in all (default: one pass over the data, and at least 2 M tokens: enough for a "
+                        "few thousand photos to give a usable dictionary)")
+    t.add_argument("--epochs", type=int, default=None, help="whole passes over the data instead of --steps")
+    t.add_argument("--warmup", type=int, default=None,
+                   help="steps over which the learning rate warms up (default: a tenth of the run, at most 100)")
+    t.add_argument("--batch-size", type=int, default=4096, help="tokens per training step (default 4096)")
+    t.add_argument("--shuffle-buffer", type=int, default=None,
+                   help="stream one model's cached layer from disk, this many shards of 1,024 images shuffled "
+                        "together (default: in memory when the layer fits in a quarter of the memory, else streamed "
+                        "with 4)")
+    t.add_argument("--lr", type=float, default=4e-4)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--cache", default=str(DEFAULT_CACHE), help=f"the activation cache's folder (default "
+                                                                f"{DEFAULT_CACHE})")
+    t.add_argument("--out", required=True, help="output folder: the dictionary, training.json, the checkpoint")
+    t.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    t.set_defaults(run=cmd_concepts_train)
+    x = commands.add_parser("exemplars", help="index each concept's top images (with its maps) over a data set, "
+                                              "into the dictionary's folder, for the Concepts tab")
+    x.add_argument("dictionary", help="the dictionary's folder (one model's, or one across models)")
+    x.add_argument("--data", required=True, help=DATA_HELP)
+    x.add_argument("--split", default="test", help="the .npz's split to read (default: test)")
+    x.add_argument("--limit", type=int, default=None, help="at most this many images, spread evenly over the data")
+    x.add_argument("--top", type=int, default=8, help="images kept per concept (default 8)")
+    x.add_argument("--jpeg-quality", type=int, default=90, help="the thumbnails' JPEG quality, 1 to 95 (default 90)")
+    x.add_argument("--cache", default=str(DEFAULT_CACHE), help="the activation cache's folder")
+    x.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    x.set_defaults(run=cmd_concepts_exemplars)
+    v = commands.add_parser("evaluate", help="a dictionary's FVU, L0, dead and dense shares and spliced-in "
+                                             "agreement over held-out data; across models, the R² matrix and "
+                                             "which concepts the models share")
+    v.add_argument("dictionary", help="a dictionary (folder, file, catalog name or Hub id)")
+    v.add_argument("--data", required=True, help=DATA_HELP)
+    v.add_argument("--split", default="test", help="the .npz's split to read (default: test)")
+    v.add_argument("--limit", type=int, default=None, help="at most this many images, spread evenly over the data")
+    v.add_argument("--out", default=None, help="the report's file (default: metrics.json in the dictionary's folder)")
+    v.add_argument("--cache", default=str(DEFAULT_CACHE), help="the activation cache's folder")
+    v.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    v.set_defaults(run=cmd_concepts_evaluate)
+    h = commands.add_parser("match", help="pair two separately trained dictionaries' concepts one to one by the "
+                                          "correlation of their maps at aligned cells (Hungarian)")
+    h.add_argument("a", help="the first dictionary (folder, file, catalog name or Hub id)")
+    h.add_argument("b", help="the second")
+    h.add_argument("--data", required=True, help=DATA_HELP)
+    h.add_argument("--split", default="test", help="the .npz's split to read (default: test)")
+    h.add_argument("--limit", type=int, default=None, help="at most this many images, spread evenly over the data")
+    h.add_argument("--out", required=True, help="output folder: matches.json (and with --matrix "
+                                                "correlations.safetensors)")
+    h.add_argument("--matrix", action="store_true", help="also keep every pair's correlation (n_a x n_b float64)")
+    h.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    h.set_defaults(run=cmd_concepts_match)
