@@ -21,7 +21,8 @@ import torch
 from einops import rearrange
 from torch import Tensor, nn
 
-from .relevance import GELU, GammaConv2d, GammaLinear, LayerNorm
+from .layers import Mlp
+from .relevance import GammaConv2d, GammaLinear, LayerNorm
 from .trace import BlockTrace, Embedding, KeptAttention, Trace, Window
 
 LN_EPS = 1e-6
@@ -68,18 +69,6 @@ class LayerNorm2d(LayerNorm):
 
     def forward(self, x: Tensor) -> Tensor:
         return rearrange(super().forward(rearrange(x, 'b c h w -> b h w c')), 'b h w c -> b c h w')
-
-
-class Mlp(nn.Module):
-    """The block's two-layer MLP: `fc1`, GELU, `fc2`."""
-    def __init__(self, *, dim: int, hidden_dim: int):
-        super().__init__()
-        self.fc1 = GammaLinear(dim, hidden_dim)
-        self.act = GELU()
-        self.fc2 = GammaLinear(hidden_dim, dim)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.fc2(self.act(self.fc1(x)))
 
 
 class ConvNeXtBlock(nn.Module):

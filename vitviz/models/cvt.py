@@ -8,7 +8,6 @@ layers come from `relevance.py`: torch's own, unless relevance rules (AttnLRP) a
 """
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -16,6 +15,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
+from .layers import renamed_state_dict
 from .relevance import GELU, GammaConv2d, GammaLinear, LayerNorm, QuickGELU, attention_inputs
 from .trace import AttentionParts, BlockTrace, Embedding, KeptAttention, Trace, Window, graph_start, kept_blocks
 
@@ -358,11 +358,4 @@ _TRANSFORMERS_RENAMES = [
 
 def convert_transformers_state_dict(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
     """`CvtForImageClassification.state_dict()` -> a `CvT` state dict (BatchNorm's counters dropped)."""
-    out = {}
-    for key, value in state_dict.items():
-        if key.endswith("num_batches_tracked"):
-            continue
-        for pattern, repl in _TRANSFORMERS_RENAMES:
-            key = re.sub(pattern, repl, key)
-        out[key] = value
-    return out
+    return renamed_state_dict(state_dict, _TRANSFORMERS_RENAMES)

@@ -15,13 +15,13 @@ then each stride-2 block's 3x3 convolution).
 """
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass
 
 import torch
 from einops import rearrange
 from torch import Tensor, nn
 
+from .layers import renamed_state_dict
 from .relevance import GammaLinear, RelevanceRules, conv_bn, norm_mean, norm_sum, relu
 from .trace import BlockTrace, Embedding, KeptAttention, Trace, Window
 
@@ -238,11 +238,4 @@ _TRANSFORMERS_RENAMES = [
 
 def convert_transformers_state_dict(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
     """`ResNetForImageClassification.state_dict()` -> a `ResNet` state dict (BatchNorm's counters dropped)."""
-    out = {}
-    for key, value in state_dict.items():
-        if key.endswith("num_batches_tracked"):
-            continue
-        for pattern, repl in _TRANSFORMERS_RENAMES:
-            key = re.sub(pattern, repl, key)
-        out[key] = value
-    return out
+    return renamed_state_dict(state_dict, _TRANSFORMERS_RENAMES)

@@ -29,7 +29,8 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from .relevance import GELU, GammaConv2d, GammaLinear, LayerNorm, attention_inputs
+from .layers import Mlp
+from .relevance import GammaConv2d, GammaLinear, LayerNorm, attention_inputs
 from .trace import (
     AttentionParts,
     BlockTrace,
@@ -172,18 +173,6 @@ class WindowAttention(nn.Module):
         dim = self.proj.in_features
         bias = None if self.qkv.bias is None else self.qkv.bias[2 * dim:]
         return rearrange(F.linear(x, self.qkv.weight[2 * dim:], bias), 'b nw t (h d) -> b nw h t d', h=self.heads)
-
-
-class Mlp(nn.Module):
-    """The block's two-layer MLP: `fc1`, GELU, `fc2`."""
-    def __init__(self, *, dim: int, hidden_dim: int):
-        super().__init__()
-        self.fc1 = GammaLinear(dim, hidden_dim)
-        self.act = GELU()
-        self.fc2 = GammaLinear(hidden_dim, dim)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.fc2(self.act(self.fc1(x)))
 
 
 class SwinBlock(nn.Module):
