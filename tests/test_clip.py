@@ -485,7 +485,7 @@ def test_the_page_classifies_over_the_typed_prompts_and_every_class_method_expla
     chosen (through the app's GPU functions, the model loaded by name); with nothing typed the page says what to do."""
     from vitviz.ui import classes, gpu, page, shared
     folder, _ = quickgelu
-    monkeypatch.setattr(gpu, "LOCAL_ALLOWED", {str(folder)})   # as the owner's --vit FOLDER allows it
+    monkeypatch.setattr(gpu.boundary, "LOCAL_ALLOWED", {str(folder)})   # as the owner's --vit FOLDER allows it
     quiet = dict(progress=lambda *args, **kwargs: None)
     answer = page.explain({"path": str(PHOTO)}, str(folder), "vit-cifar10", "dog, ball, grass", **quiet)
     prompts = ["a photo of a dog", "a photo of a ball", "a photo of a grass"]

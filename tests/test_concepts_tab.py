@@ -107,7 +107,7 @@ def indexed(tmp_path_factory) -> list[Path]:
 
 @pytest.fixture
 def allowed(monkeypatch, indexed) -> list[str]:
-    monkeypatch.setattr(gpu, "LOCAL_DICTIONARIES", {str(indexed[0].parent)})   # as VITVIZ_DICTIONARIES allows
+    monkeypatch.setattr(gpu.dictionaries, "LOCAL_DICTIONARIES", {str(indexed[0].parent)})   # VITVIZ_DICTIONARIES
     return [str(folder) for folder in indexed]
 
 
@@ -221,7 +221,7 @@ def across(tmp_path, monkeypatch) -> str:
                      for seed, (name, (index, width)) in enumerate(zip(PAIR, blocks))])
     across.training_record = {"cells": [4, 4]}
     save_across(across, folder)
-    monkeypatch.setattr(gpu, "LOCAL_DICTIONARIES", {str(tmp_path)})
+    monkeypatch.setattr(gpu.dictionaries, "LOCAL_DICTIONARIES", {str(tmp_path)})
     return str(folder)
 
 
@@ -252,7 +252,7 @@ def test_two_separate_dictionaries_show_their_matched_pairs_from_a_match_beside_
     for name, folder in zip(DICTIONARIES, folders):
         folder.mkdir()
         shutil.copy(catalog.BUNDLED_DICTIONARIES[name].path / "concepts.safetensors", folder)
-    monkeypatch.setattr(gpu, "LOCAL_DICTIONARIES", {str(tmp_path)})
+    monkeypatch.setattr(gpu.dictionaries, "LOCAL_DICTIONARIES", {str(tmp_path)})
     key = explained()
     sources = [str(folder) for folder in folders]
     references = [local_reading(name, source, remove=False)[1] for name, source in zip(PAIR, sources)]
@@ -348,7 +348,7 @@ def test_refusals_and_what_does_not_apply_are_said_in_words(tmp_path, monkeypatc
     # a model without a classifier: its concepts, and no prediction to move
     index, width = last_block("dinov2-s14")
     save(random_dictionary("dinov2-s14", d=width, block=index, tokens="patch"), tmp_path / "dino")
-    monkeypatch.setattr(gpu, "LOCAL_DICTIONARIES", {str(tmp_path)})
+    monkeypatch.setattr(gpu.dictionaries, "LOCAL_DICTIONARIES", {str(tmp_path)})
     shown = concepts.render_concepts(explained(("dinov2-s14", "resnet-cifar10")), str(tmp_path / "dino"),
                                      "resnet-cifar10-last")
     assert "No removal: dinov2-s14 has no classifier: there is no prediction to move." in shown.note

@@ -245,7 +245,7 @@ def test_the_explain_a_class_tab_explains_a_headless_model_at_the_clicked_token(
     from vitviz.ui.store import Session
     run = headless_run
     folder = run.loaded.source.location   # the folder's absolute path
-    monkeypatch.setattr(gpu, "LOCAL_ALLOWED", {folder})   # the owner named this folder
+    monkeypatch.setattr(gpu.boundary, "LOCAL_ALLOWED", {folder})   # the owner named this folder
     kept = ModelRun(run.loaded.card(), run.image, pixels=run.pixels, trace=run.trace)   # as the app keeps it
     key = shared.SESSIONS.put(Session(run.image, [kept, kept], [], [folder, folder]))
     shown_w, shown_h = run.image.size

@@ -11,8 +11,7 @@ import torch
 
 from syncs import counting
 from vitviz import concepts
-from vitviz.concepts.across import train_across
-from vitviz.concepts.train import PROGRESS_EVERY
+from vitviz.concepts.train import PROGRESS_EVERY, train_across
 
 BATCH = 64
 SETTINGS = dict(expansion=4, batch_size=BATCH, warmup=5, dead_after=500, norm_tokens=BATCH, progress=False)

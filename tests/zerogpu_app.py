@@ -32,14 +32,14 @@ slow = os.environ.get("VITVIZ_TEST_SLOW_FILE")
 if slow:
     from vitviz.ui import gpu
 
-    scores = gpu.faithfulness_scores
+    scores = gpu.maps.faithfulness_scores
 
     def slow_scores(*args, **kwargs):
         if Path(slow).exists():
             time.sleep(5)
         return scores(*args, **kwargs)
 
-    gpu.faithfulness_scores = slow_scores
+    gpu.maps.faithfulness_scores = slow_scores
 
 sys.argv = [str(ROOT / "app.py"), *sys.argv[1:]]
 runpy.run_path(str(ROOT / "app.py"), run_name="__main__")

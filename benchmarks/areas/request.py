@@ -18,7 +18,7 @@ TARGETS = {"request": 1.50, "rerender": 0.10}
 def page_handlers(bench: Bench) -> SimpleNamespace:
     """The page's handlers (`vitviz.ui`), running the models on this bench's device."""
     from vitviz.ui import attention, gpu, page
-    gpu.DEVICE = str(bench.device)
+    gpu.boundary.DEVICE = str(bench.device)
     gpu.LOCAL_ALLOWED.update(bench.imagenet_pair)
     gpu.LOCAL_ALLOWED.update(bench.bundled_pair[:2])
     return SimpleNamespace(attention=attention, gpu=gpu, page=page)

@@ -1,5 +1,5 @@
 """The sessions the app keeps in its own process: the runs of each Explain, filled from what the GPU
-functions (`gpu.py`) return, so every re-render draws from them without a model pass.
+functions (`gpu/`) return, so every re-render draws from them without a model pass.
 
 A run's maps and curves are asked of the GPU functions only when the run has not kept them yet; what
 comes back is kept in the run (`ModelRun.keep`), so asking again costs nothing, on ZeroGPU too.

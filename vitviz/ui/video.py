@@ -1,6 +1,6 @@
 """Video: a clip through both models frame by frame (`vitviz.video`), the side-by-side result playing in the
 page with its timeline and how steady each model's explanation is, and a frame slider that sends any frame to
-the main Explain, so every tab explains it. The models run through `gpu.py` (their cards once, then one call
+the main Explain, so every tab explains it. The models run through `gpu/` (their cards once, then one call
 per chunk of frames); reading, drawing and encoding happen here, in the app's process."""
 from __future__ import annotations
 
