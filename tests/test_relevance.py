@@ -125,13 +125,13 @@ def test_attnlrp_attention_rules_equal_the_papers_softmax_and_uniform_rules_writ
     x = torch.randn(1, 5, 12, dtype=torch.float64, requires_grad=True)
     relevance_out = torch.randn(1, 5, 12, dtype=torch.float64)
     with relevance_rules(RelevanceRules(attention="attnlrp")):
-        out, _ = attention(x)
+        out = attention(x)[0]
     grad, = torch.autograd.grad(out, x, grad_outputs=relevance_out / out.detach())
     ours = (x * grad).detach()[0].numpy()
     expected = paper_attention_relevance(attention, x.detach()[0].numpy(), relevance_out[0].numpy())
     np.testing.assert_allclose(ours, expected, rtol=1e-6, atol=1e-9)
     with relevance_rules(RelevanceRules(attention="cp")):   # CP-LRP: the values alone, A a constant
-        out, _ = attention(x)
+        out = attention(x)[0]
     grad, = torch.autograd.grad(out, x, grad_outputs=relevance_out / out.detach())
     assert not np.allclose((x * grad).detach()[0].numpy(), expected, rtol=1e-3)
 

@@ -41,11 +41,10 @@ to the query grid with the key operator D of `cvt.py` (v . D keeps the sum, rows
 carried map and the prefix entries still sum to the head's part. The top head's map is "which patches,
 through which head, wrote the class".
 
-Cost: one traced forward that also keeps each block's values (`model.trace(pixels, decompose=True)`; the
-values cost one more n x c x c product per block where the model does not compute them anyway), then per
-block one product the size of the output projection (U W_O) and one the size of attention-times-values
-(A^T (U W_O)): about a tenth of the block's own forward. Nothing is read back: the parts stay on the
-trace's device.
+Cost: one traced forward that also keeps the values each block's attention weighed
+(`model.trace(pixels, decompose=True)`: the forward computes them anyway), then per block one product the
+size of the output projection (U W_O) and one the size of attention-times-values (A^T (U W_O)): about a
+tenth of the block's own forward. Nothing is read back: the parts stay on the trace's device.
 """
 from __future__ import annotations
 

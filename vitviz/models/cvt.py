@@ -138,7 +138,9 @@ class ConvAttention(nn.Module):
         self.proj = nn.Linear(dim, dim)
 
     def forward(self, x: Tensor, grid: tuple[int, int], prefix: int,
-                return_attn: bool = False) -> tuple[Tensor, Tensor | None, tuple[int, int]]:
+                return_attn: bool = False) -> tuple[Tensor, Tensor | None, tuple[int, int], Tensor]:
+        """-> (output, attention b h nq nk or None, the key grid, the values b h nk d it weighed, for
+        decompositions)."""
         cls, fmap = x[:, :prefix], rearrange(x[:, prefix:], 'b (h w) c -> b c h w', h=grid[0], w=grid[1])
         k_map = self.conv_k(fmap)
         key_grid = (k_map.shape[2], k_map.shape[3])
@@ -146,21 +148,16 @@ class ConvAttention(nn.Module):
         def tokens(m: Tensor) -> Tensor:   # the class token bypasses the convolutions
             return torch.cat([cls, rearrange(m, 'b c h w -> b (h w) c')], dim=1)
 
-        q, k, v = attention_inputs(self.q(tokens(self.conv_q(fmap))), self.k(tokens(k_map)),
-                                   self.v(tokens(self.conv_v(fmap))))
+        values = self.v(tokens(self.conv_v(fmap)))
+        q, k, v = attention_inputs(self.q(tokens(self.conv_q(fmap))), self.k(tokens(k_map)), values)
         q, k, v = (rearrange(t, 'b n (h d) -> b h n d', h=self.heads) for t in (q, k, v))
         if return_attn:
             attn = (q @ k.transpose(-2, -1) * self.scale).softmax(dim=-1)   # b h nq nk
             out = attn @ v
         else:
             attn, out = None, F.scaled_dot_product_attention(q, k, v, scale=self.scale)
-        return self.proj(rearrange(out, 'b h n d -> b n (h d)')), attn, key_grid
-
-    def values(self, x: Tensor, grid: tuple[int, int], prefix: int) -> Tensor:
-        """b n c -> b h nk d: the values alone, as forward computes them (for decompositions)."""
-        fmap = rearrange(x[:, prefix:], 'b (h w) c -> b c h w', h=grid[0], w=grid[1])
-        v = self.v(torch.cat([x[:, :prefix], rearrange(self.conv_v(fmap), 'b c h w -> b (h w) c')], dim=1))
-        return rearrange(v, 'b n (h d) -> b h n d', h=self.heads)
+        values = rearrange(values, 'b n (h d) -> b h n d', h=self.heads)
+        return self.proj(rearrange(out, 'b h n d -> b n (h d)')), attn, key_grid, values
 
 
 class Mlp(nn.Module):
@@ -189,17 +186,16 @@ class Block(nn.Module):
 
     def forward(self, x: Tensor, grid: tuple[int, int], prefix: int, return_attn: bool = False,
                 attn_delta: Tensor | None = None):
-        """-> (output tokens, attention or None, key grid, first norm's output); attn_delta: added to the
-        attention's output (activation patching)."""
+        """-> (output tokens, attention or None, key grid, first norm's output, the attention's values); attn_delta:
+        added to the attention's output (activation patching)."""
         normed = self.norm1(x)
-        out, attn, key_grid = self.attn(normed, grid, prefix, return_attn)
+        out, attn, key_grid, values = self.attn(normed, grid, prefix, return_attn)
         x = x + out if attn_delta is None else x + out + attn_delta
-        return x + self.mlp(self.norm2(x)), attn, key_grid, normed
+        return x + self.mlp(self.norm2(x)), attn, key_grid, normed, values
 
-    def parts(self, normed: Tensor, grid: tuple[int, int], prefix: int) -> AttentionParts:
-        """How the heads write, from the first norm's output."""
-        return AttentionParts(values=self.attn.values(normed, grid, prefix), weight=self.attn.proj.weight,
-                              bias=self.attn.proj.bias)
+    def parts(self, values: Tensor) -> AttentionParts:
+        """How the heads write, from the values the attention weighed."""
+        return AttentionParts(values=values, weight=self.attn.proj.weight, bias=self.attn.proj.bias)
 
 
 class Stage(nn.Module):
@@ -230,12 +226,12 @@ class Stage(nn.Module):
         for i, block in enumerate(self.blocks, start=first):
             inputs = x
             with torch.set_grad_enabled(grad and i >= graph_from):
-                x, attn, key_grid, normed = block(x, grid, prefix, return_attn=i in kept)
+                x, attn, key_grid, normed, values = block(x, grid, prefix, return_attn=i in kept)
             if trace is not None:
                 trace.append(BlockTrace(attn=attn, tokens=x, stage=index, query_grid=grid, key_grid=key_grid,
                                         key_window=block.attn.kv_window, prefix_kinds=("cls",) * prefix,
                                         normed=normed if keep_normed else None, inputs=inputs,
-                                        parts=block.parts(normed, grid, prefix) if decompose else None))
+                                        parts=block.parts(values) if decompose else None))
         fmap = rearrange(x[:, prefix:], 'b (h w) c -> b c h w', h=grid[0], w=grid[1])
         return fmap, (x[:, :1] if prefix else None)
 

@@ -150,10 +150,11 @@ class WindowAttention(nn.Module):
         return rearrange(table[index], 'q k h -> h q k').contiguous()   # added to every window: contiguous is faster
 
     def forward(self, x: Tensor, window: int, masked: Tensor | None,
-                return_attn: bool = False) -> tuple[Tensor, Tensor | None]:
-        """x: b nw t c windows of tokens; masked: nw t t pairs kept apart (shifted windows) or None."""
-        q, k, v = attention_inputs(*rearrange(self.qkv(x), 'b nw t (three h d) -> three b nw h t d',
-                                              three=3, h=self.heads))
+                return_attn: bool = False) -> tuple[Tensor, Tensor | None, Tensor]:
+        """x: b nw t c windows of tokens; masked: nw t t pairs kept apart (shifted windows) or None. -> (output,
+        attention b nw h t t or None, the values b nw h t d it weighed, for decompositions)."""
+        q, k, values = rearrange(self.qkv(x), 'b nw t (three h d) -> three b nw h t d', three=3, h=self.heads)
+        q, k, v = attention_inputs(q, k, values)
         bias = self.position_bias(window).to(x.dtype)   # h t t
         if masked is not None:
             bias = bias.masked_fill(masked[:, None], float("-inf"))   # nw h t t: every query keeps its own key
@@ -166,13 +167,7 @@ class WindowAttention(nn.Module):
             q, k, v = (rearrange(y, 'b nw h t d -> (b nw) h t d') for y in (q, k, v))
             attn, out = None, rearrange(F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale),
                                         '(b nw) h t d -> b nw h t d', b=b)
-        return self.proj(rearrange(out, 'b nw h t d -> b nw t (h d)')), attn
-
-    def values(self, x: Tensor) -> Tensor:
-        """b nw t c -> b nw h t d: the values alone, as forward computes them (for decompositions)."""
-        dim = self.proj.in_features
-        bias = None if self.qkv.bias is None else self.qkv.bias[2 * dim:]
-        return rearrange(F.linear(x, self.qkv.weight[2 * dim:], bias), 'b nw t (h d) -> b nw h t d', h=self.heads)
+        return self.proj(rearrange(out, 'b nw h t d -> b nw t (h d)')), attn, values
 
 
 class SwinBlock(nn.Module):
@@ -209,24 +204,23 @@ class SwinBlock(nn.Module):
         return torch.roll(x, shifts=(part.shift, part.shift), dims=(1, 2)) if part.shift else x
 
     def forward(self, x: Tensor, return_attn: bool = False,
-                attn_delta: Tensor | None = None) -> tuple[Tensor, Tensor | None, Tensor, WindowPartition]:
-        """b h w c -> (output tokens b h w c, attention b nw h t t or None, first norm's output b n c, the windows);
-        attn_delta (b h w c): added to the attention's output (activation patching)."""
+                attn_delta: Tensor | None = None) -> tuple[Tensor, Tensor | None, Tensor, WindowPartition, Tensor]:
+        """b h w c -> (output tokens b h w c, attention b nw h t t or None, first norm's output b n c, the windows,
+        the attention's values b nw h t d); attn_delta (b h w c): added to the attention's output (activation
+        patching)."""
         part = self.partition(x.shape[1:3])
         masked = part.masked_on(x.device)
         normed = self.norm1(rearrange(x, 'b h w c -> b (h w) c'))   # b n c, the tensor Grad-CAM differentiates
         grid = rearrange(normed, 'b (h w) c -> b h w c', h=part.grid[0])
-        out, attn = self.attn(self.windows(grid, part), part.size, masked, return_attn)
+        out, attn, values = self.attn(self.windows(grid, part), part.size, masked, return_attn)
         x = x + self.unwindowed(out, part)
         if attn_delta is not None:
             x = x + attn_delta
-        return x + self.mlp(self.norm2(x)), attn, normed, part
+        return x + self.mlp(self.norm2(x)), attn, normed, part, values
 
-    def parts(self, normed: Tensor, part: WindowPartition) -> AttentionParts:
-        """How the heads write, from the first norm's b n c output: values per window (b nw h t d)."""
-        grid = rearrange(normed, 'b (h w) c -> b h w c', h=part.grid[0])
-        return AttentionParts(values=self.attn.values(self.windows(grid, part)), weight=self.attn.proj.weight,
-                              bias=self.attn.proj.bias)
+    def parts(self, values: Tensor) -> AttentionParts:
+        """How the heads write, from the values the attention weighed, per window (b nw h t d)."""
+        return AttentionParts(values=values, weight=self.attn.proj.weight, bias=self.attn.proj.bias)
 
 
 class PatchEmbed(nn.Module):
@@ -383,12 +377,12 @@ class Swin(nn.Module):
                 for block in stage.blocks:
                     inputs, i = x, len(blocks)
                     with torch.set_grad_enabled(grad and i >= graph_from):
-                        x, attn, normed, part = block(x, return_attn=i in kept)
+                        x, attn, normed, part, values = block(x, return_attn=i in kept)
                     flat = lambda t: rearrange(t, 'b h w c -> b (h w) c')
                     blocks.append(BlockTrace(attn=attn, tokens=flat(x), stage=s, query_grid=grid, key_grid=grid,
                                              key_window=Window(1, 1, 0), prefix_kinds=(),
                                              normed=normed if grad else None, inputs=flat(inputs),
-                                             parts=block.parts(normed, part) if decompose else None, windows=part))
+                                             parts=block.parts(values) if decompose else None, windows=part))
                 features.append(rearrange(x, 'b h w c -> b c h w'))
             final = self.norm(rearrange(x, 'b h w c -> b (h w) c'))
             pooled = self.pre_logits(final)

@@ -94,22 +94,19 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.proj = nn.Linear(dim, dim)
 
-    def forward(self, x: Tensor, return_attn: bool = False, queries: int | None = None) -> tuple[Tensor, Tensor | None]:
-        """queries: only the first that many tokens attend (all by default); every token is still a key."""
-        q, k, v = attention_inputs(*rearrange(self.qkv(x), 'b n (three h d) -> three b h n d', three=3, h=self.heads))
+    def forward(self, x: Tensor, return_attn: bool = False,
+                queries: int | None = None) -> tuple[Tensor, Tensor | None, Tensor]:
+        """-> (output, attention b h nq n or None, the values b h n d it weighed, for decompositions); queries:
+        only the first that many tokens attend (all by default); every token is still a key."""
+        q, k, values = rearrange(self.qkv(x), 'b n (three h d) -> three b h n d', three=3, h=self.heads)
+        q, k, v = attention_inputs(q, k, values)
         q = q[:, :, :queries]
         if return_attn:
             attn = (q * self.scale @ k.transpose(-2, -1)).softmax(dim=-1)   # b h n n
             out = attn @ v
         else:
             attn, out = None, F.scaled_dot_product_attention(q, k, v)
-        return self.proj(rearrange(out, 'b h n d -> b n (h d)')), attn
-
-    def values(self, x: Tensor) -> Tensor:
-        """b n c -> b h n d: the values alone, as forward computes them (for decompositions)."""
-        dim = self.proj.in_features
-        bias = None if self.qkv.bias is None else self.qkv.bias[2 * dim:]
-        return rearrange(F.linear(x, self.qkv.weight[2 * dim:], bias), 'b n (h d) -> b h n d', h=self.heads)
+        return self.proj(rearrange(out, 'b h n d -> b n (h d)')), attn, values
 
 
 class LayerScale(nn.Module):
@@ -149,22 +146,23 @@ class Block(nn.Module):
         self.ls2 = scale()
 
     def forward(self, x: Tensor, return_attn: bool = False, queries: int | None = None,
-                attn_delta: Tensor | None = None) -> tuple[Tensor, Tensor | None, Tensor]:
-        """-> (output tokens, attention or None, first norm's output); queries: compute only the first that
-        many tokens' outputs (all by default); attn_delta: added to the attention's output (activation patching)."""
+                attn_delta: Tensor | None = None) -> tuple[Tensor, Tensor | None, Tensor, Tensor]:
+        """-> (output tokens, attention or None, first norm's output, the attention's values); queries: compute
+        only the first that many tokens' outputs (all by default); attn_delta: added to the attention's output
+        (activation patching)."""
         normed = self.norm1(x)
-        out, attn = self.attn(normed, return_attn, queries)
+        out, attn, values = self.attn(normed, return_attn, queries)
         x = x[:, :queries] + self.ls1(out)
         if attn_delta is not None:
             x = x + attn_delta[:, :queries]
-        return x + self.ls2(self.mlp(self.norm2(x))), attn, normed
+        return x + self.ls2(self.mlp(self.norm2(x))), attn, normed, values
 
-    def parts(self, normed: Tensor) -> AttentionParts:
-        """How the heads write, from the first norm's output (LayerScale folded into the projection)."""
+    def parts(self, values: Tensor) -> AttentionParts:
+        """How the heads write, from the values the attention weighed (LayerScale folded into the projection)."""
         weight, bias = self.attn.proj.weight, self.attn.proj.bias
         if isinstance(self.ls1, LayerScale):
             weight, bias = self.ls1.gamma[:, None] * weight, self.ls1.gamma * bias
-        return AttentionParts(values=self.attn.values(normed), weight=weight, bias=bias)
+        return AttentionParts(values=values, weight=weight, bias=bias)
 
 
 class PatchEmbed(nn.Module):
@@ -267,7 +265,7 @@ class ViT(nn.Module):
         # block computes only those rows: about 6% of a ViT-B/16 forward that timm spends on discarded tokens
         read = None if self.config.global_pool == "avg" else 1 + self.config.dist_token
         for i, block in enumerate(self.blocks):
-            x, _, _ = block(x, queries=read if i == len(self.blocks) - 1 else None)
+            x = block(x, queries=read if i == len(self.blocks) - 1 else None)[0]
         return self.head_logits(self.norm(x))
 
     def forward_from(self, index: int, tokens: Tensor, grid: tuple[int, int] | None = None, *,
@@ -277,8 +275,8 @@ class ViT(nn.Module):
         `grid` is not needed (CvT's is). As in `forward`, the last block computes only the rows the head reads."""
         read = None if self.config.global_pool == "avg" else 1 + self.config.dist_token
         for i in range(index, len(self.blocks)):
-            tokens, _, _ = self.blocks[i](tokens, queries=read if i == len(self.blocks) - 1 else None,
-                                          attn_delta=attn_delta if i == index else None)
+            tokens = self.blocks[i](tokens, queries=read if i == len(self.blocks) - 1 else None,
+                                    attn_delta=attn_delta if i == index else None)[0]
         return self.head_logits(self.norm(tokens))
 
     def trace(self, pixels: Tensor, *, grad: bool = False, decompose: bool = False,
@@ -303,11 +301,11 @@ class ViT(nn.Module):
             for i, block in enumerate(self.blocks):
                 inputs = x
                 with torch.set_grad_enabled(grad and i >= graph_from):
-                    x, attn, normed = block(x, return_attn=i in kept)
+                    x, attn, normed, values = block(x, return_attn=i in kept)
                 blocks.append(BlockTrace(attn=attn, tokens=x, stage=0, query_grid=grid, key_grid=grid,
                                          key_window=Window(1, 1, 0), prefix_kinds=self.config.prefix_kinds,
                                          normed=normed if grad else None, inputs=inputs,
-                                         parts=block.parts(normed) if decompose else None))
+                                         parts=block.parts(values) if decompose else None))
             final = self.norm(x)
             pooled = self.pre_logits(final)
             logits = self.head_logits(final) if self.config.num_classes else pooled.new_zeros(pooled.shape[0], 0)
