@@ -176,39 +176,51 @@ def test_rollout_through_swins_windows_never_waits_for_the_device(method):
 
 @contextlib.contextmanager
 def copies_to_the_device():
-    """Count copies of host tensors to another device (`Tensor.to`). On a GPU such a copy from ordinary host memory
-    waits until the device has done everything queued before it, as a read back does; on the meta device (shapes
-    without data) a CPU can count them."""
+    """Count copies of host data to another device (`Tensor.to` of a host tensor, `torch.tensor` and
+    `torch.as_tensor` of host values with a device). On a GPU such a copy from ordinary host memory waits until the
+    device has done everything queued before it, as a read back does; on the meta device (shapes without data) a
+    CPU can count them."""
     copies = collections.Counter()
-    original = torch.Tensor.to
+    to, tensor, as_tensor = torch.Tensor.to, torch.tensor, torch.as_tensor
 
-    def to(self, *args, **kwargs):
-        moved = original(self, *args, **kwargs)
+    def counted_to(self, *args, **kwargs):
+        moved = to(self, *args, **kwargs)
         if self.device.type == "cpu" and moved.device.type != "cpu":
-            copies[f"{tuple(self.shape)} to {moved.device}"] += 1
+            copies[f"Tensor.to {tuple(self.shape)}"] += 1
         return moved
 
-    torch.Tensor.to = to
+    def counted(factory):
+        def made(data, *args, **kwargs):
+            out = factory(data, *args, **kwargs)
+            if out.device.type != "cpu" and not (isinstance(data, torch.Tensor) and data.device == out.device):
+                copies[f"torch.{factory.__name__} {tuple(out.shape)}"] += 1
+            return out
+        return made
+
+    torch.Tensor.to, torch.tensor, torch.as_tensor = counted_to, counted(tensor), counted(as_tensor)
     try:
         yield copies
     finally:
-        torch.Tensor.to = original
+        torch.Tensor.to, torch.tensor, torch.as_tensor = to, tensor, as_tensor
 
 
-def test_swins_forward_and_rollout_copy_their_windows_to_the_device_once_not_in_every_block():
-    """The window index, the shifted windows' mask and the relative position index are made on the device once
-    and kept: a second pass copies nothing, at any depth."""
+@pytest.mark.parametrize("family", ["vit", "swin"])
+def test_the_forward_and_rollout_copy_nothing_to_the_device_after_the_first_pass(family):
+    """Swin's window index, shifted windows' mask and relative position index are made on the device once and
+    kept, and rollout's discarding never sends the class column's index: a second pass copies nothing, at any
+    depth."""
     from vitviz import explain
 
     pixels = torch.randn(1, 3, 32, 32, device="meta")
     copies = {}
     for depth in (1, 3):
-        model = tiny("swin", depth).to("meta")
+        model = tiny(family, depth).to("meta")
         with torch.no_grad():
             explain.attention_rollout(model.trace(pixels), to_stage=0)   # the first pass on a device: kept there
             with copies_to_the_device() as copied:
                 model(pixels)
                 explain.attention_rollout(model.trace(pixels), to_stage=0)
+                explain.attention_rollout(model.trace(pixels), to_stage=0, discard_ratio=0.5)
         copies[depth] = dict(copied)
     assert copies == {1: {}, 3: {}}
 

@@ -48,10 +48,10 @@ def discard_lowest(fused: Tensor, ratio: float, *, keep_column: int | None) -> T
     count = int(ratio * candidates)
     if count == 0:
         return fused
-    if keep_column is not None:   # ranked last, so never among the lowest
-        ranked = fused.index_fill(-1, torch.tensor([keep_column], device=fused.device), torch.inf)
-    else:
-        ranked = fused
+    ranked = fused
+    if keep_column is not None:   # ranked last, so never among the lowest (set in place: no index sent to a device)
+        ranked = fused.clone()
+        ranked[..., keep_column] = torch.inf
     lowest = ranked.topk(count, dim=-1, largest=False).indices
     return fused.scatter(-1, lowest, 0.0)
 
