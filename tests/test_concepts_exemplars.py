@@ -1,4 +1,4 @@
-"""vitviz.concepts.exemplars: each concept's top images with their maps, built streaming, kept in one file.
+"""vitviz.concepts.analysis.exemplars: each concept's top images with their maps, built streaming, kept in one file.
 
 References are independent of the builder: a brute-force ranking over every image at once (Python's sort on
 (-value, index)), frequencies worked by hand, and on the bundled ViT each exemplar's value recomputed from the

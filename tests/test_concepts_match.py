@@ -1,4 +1,4 @@
-"""vitviz.concepts.match: two dictionaries' concept maps correlated at aligned cells, and matched one to one.
+"""vitviz.concepts.analysis.match: two dictionaries' concept maps correlated at aligned cells, and matched one to one.
 
 References: numpy's corrcoef on the stacked rows, a brute force over every one-to-one assignment, a
 hand-worked matrix where the greedy choice is wrong, a dictionary matched with a permuted copy of itself,

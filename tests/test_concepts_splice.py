@@ -1,4 +1,4 @@
-"""vitviz.concepts.splice: a dictionary spliced into its model, and one concept taken out.
+"""vitviz.concepts.analysis.splice: a dictionary spliced into its model, and one concept taken out.
 
 The references never go through `forward_from`: the model's own forward with a forward hook that replaces
 the block's output (what "the block's output replaced" means, computed by the plain forward), the KL worked

@@ -1,6 +1,6 @@
-"""Training on a cached layer streamed shard by shard (vitviz/concepts/stream.py): the same dictionary as training
-in memory on the same order of tokens, memory bounded by the shuffle buffer, and a resumed run equal to an
-unbroken one."""
+"""Training on a cached layer streamed shard by shard (vitviz/concepts/activations/stream.py): the same dictionary
+as training in memory on the same order of tokens, memory bounded by the shuffle buffer, and a resumed run equal to
+an unbroken one."""
 from __future__ import annotations
 
 import pytest
