@@ -26,7 +26,9 @@ def prefix_legend(prefix_kinds: tuple[str, ...], grid: tuple[int, int]) -> str:
     return "; ".join(parts)
 
 
-def _dimmed(canvas: Canvas, field: Field) -> np.ndarray:
+def dimmed(canvas: Canvas, field: Field) -> np.ndarray:
+    """The photo dimmed where the model saw it and shaded where it did not (kept on the canvas: copy it to draw): what a
+    grid or a window layout is drawn over."""
     def build():
         out = canvas.shaded(field).copy()
         seen = canvas.seen_slices(field)
@@ -55,7 +57,7 @@ def patch_grid(canvas: Canvas, *, prefix_kinds: tuple[str, ...] = (), stage: int
 
 
 def _draw_patch_grid(canvas: Canvas, field: Field, prefix_kinds: tuple[str, ...]) -> np.ndarray:
-    out, ink, (gh, gw) = _dimmed(canvas, field).copy(), canvas.ink, field.grid
+    out, ink, (gh, gw) = dimmed(canvas, field).copy(), canvas.ink, field.grid
     xs, _ = canvas.frame.to_display(field.start(np.arange(gw + 1)), 0.0)
     _, ys = canvas.frame.to_display(0.0, field.start(np.arange(gh + 1)))
     xs, ys = np.round(xs).astype(int), np.round(ys).astype(int)
@@ -111,7 +113,7 @@ def stage_lines(canvas: Canvas, stage: int, *, point: tuple[float, float] | None
 
 def _draw_stage(canvas: Canvas, stage: int, point, legend: bool) -> np.ndarray:
     field, ink, (h, w) = canvas.fields[stage], canvas.ink, canvas.size
-    base = canvas.cached(("lattice", field), lambda: _lattice(canvas, field, _dimmed(canvas, field), 0, 0, 1.0))
+    base = canvas.cached(("lattice", field), lambda: _lattice(canvas, field, dimmed(canvas, field), 0, 0, 1.0))
     out = base.copy()
     anchor, _ = _anchor(canvas, field, point)
     block = _block(field, anchor)
@@ -156,7 +158,7 @@ def _block(field: Field, anchor: tuple[int, int]) -> list[tuple[int, int]]:
 
 def _inset(canvas: Canvas, field: Field, block, region, zoom: float) -> np.ndarray:
     x0, y0, x1, y1 = region
-    crop = _dimmed(canvas, field)[y0:y1, x0:x1]
+    crop = dimmed(canvas, field)[y0:y1, x0:x1]
     inset = cv2.resize(crop, (round((x1 - x0) * zoom), round((y1 - y0) * zoom)), interpolation=cv2.INTER_NEAREST)
     inset = _lattice(canvas, field, inset, x0, y0, zoom)
     _draw_windows(inset, canvas, field, block, x0, y0, zoom)
@@ -221,7 +223,7 @@ def notice(canvas: Canvas, text: str) -> np.ndarray:
     """The photo, dimmed, with `text` written across it: a view that says why there is nothing to draw (a
     convolutional network's attention), so the other model's column still shows its own."""
     field = canvas.fields[-1]
-    out = (_dimmed(canvas, field) * 0.6).astype(np.uint8)
+    out = (dimmed(canvas, field) * 0.6).astype(np.uint8)
     ink = canvas.ink
     width = int(0.8 * canvas.size[1])
     text_box(out, wrap(text, width, ink), ink)

@@ -17,7 +17,7 @@ from ..models.trace import WindowPartition
 from .canvas import Canvas
 from .captions import BLACK, HIGHLIGHTS, WHITE, put_text, text_box
 from .geometry import Field
-from .grid import _dimmed
+from .grid import dimmed
 
 FILL = 0.35   # opacity of the window colours over the photo
 PALETTE = np.array(HIGHLIGHTS, np.uint8)
@@ -53,7 +53,7 @@ def window_view(canvas: Canvas, part: WindowPartition, *, stage: int, point: tup
     `point` (display x, y) outlines the token under it and the keys it sees."""
     field = canvas.fields[stage]
     windows, regions = token_windows(part)
-    out = _dimmed(canvas, field).copy()
+    out = dimmed(canvas, field).copy()
     boxes = _token_boxes(canvas, field)
     fill = out.copy()
     colours = _colours(windows, part.count)
