@@ -106,3 +106,25 @@ def test_the_command_streams_a_layer_too_large_for_memory_and_refuses_one_across
         training_rows(two, None)
     with pytest.raises(ConceptsError, match="the shuffle buffer streams one model's layer"):
         training_rows(two, 2)
+
+
+@pytest.mark.slow
+def test_the_commands_defaults_on_3000_photos_give_a_dictionary_that_explains_most_of_its_layer(cifar10_path,
+                                                                                                 tmp_path):
+    """Issue 47's user: `concepts train` on 3,000 CIFAR-10 images with the defaults (one pass was 47 steps, held-out
+    FVU 0.75, and no word of it); now 489 steps, and over 2,000 held-out test images FVU <= 0.35 (0.156 measured)."""
+    import json
+    import subprocess
+    import sys
+
+    common = ["--data", str(cifar10_path), "--cache", str(tmp_path / "cache")]
+    train = subprocess.run([sys.executable, "-m", "vitviz", "concepts", "train", "--models", "vit-cifar10", "--block",
+                            "-1", "--limit", "3000", "--kind", "topk", "--k", "16", "--expansion", "4", *common,
+                            "--out", str(tmp_path / "vit")], capture_output=True, text=True, timeout=1200)
+    assert train.returncode == 0, train.stderr[-2000:]
+    assert "trained 489 steps" in train.stdout and "warning" not in train.stderr
+    evaluate = subprocess.run([sys.executable, "-m", "vitviz", "concepts", "evaluate", str(tmp_path / "vit"), "--split",
+                               "test", "--limit", "2000", *common, "--out", str(tmp_path / "metrics.json")],
+                              capture_output=True, text=True, timeout=600)
+    assert evaluate.returncode == 0, evaluate.stderr[-2000:]
+    assert json.loads((tmp_path / "metrics.json").read_text())["fvu"] <= 0.35

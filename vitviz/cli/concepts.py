@@ -80,7 +80,7 @@ def cmd_concepts_exemplars(args) -> int:
 
 def cmd_concepts_evaluate(args) -> int:
     from ..concepts import ConceptsError, load
-    from ..concepts.build import evaluate_dictionary
+    from ..concepts.build import METRICS, evaluate_dictionary
     from ..data import open_data, spread
 
     if args.limit is not None and args.limit < 1:
@@ -93,7 +93,7 @@ def cmd_concepts_evaluate(args) -> int:
         report = evaluate_dictionary(loaded, dictionary, data, root=args.cache, indices=spread(len(data), args.limit))
     except ConceptsError as e:
         raise UsageError(str(e)) from None
-    out = Path(args.out) if args.out else (Path(args.dictionary) / "metrics.json")
+    out = Path(args.out) if args.out else (Path(args.dictionary) / METRICS)
     prepare_out(out.parent)
     write_atomic(out, (json.dumps(report, indent=1) + "\n").encode())
     print(json.dumps({k: v for k, v in report.items() if not isinstance(v, list) or len(v) < 8}, indent=1))

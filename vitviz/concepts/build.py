@@ -37,6 +37,7 @@ from .train.single import BATCH_SIZE, default_steps, default_warmup, train
 
 CHECKPOINT = "training.ckpt"
 SUMMARY = "training.json"
+METRICS = "metrics.json"   # what `concepts evaluate` writes beside a dictionary, its held-out FVU among them
 DEFAULT_CACHE = Path("runs") / "activations"
 IN_MEMORY = 0.25   # of the machine's memory: one model's cached layer larger than this is streamed from disk
 

@@ -20,6 +20,7 @@ import gradio as gr
 import numpy as np
 
 from .. import catalog
+from ..concepts.build import METRICS
 from ..render.concepts import cell_overlay, concept_card, exemplar_layout, exemplar_tile, photo_side
 from ..session import ModelRun
 from . import gpu
@@ -34,7 +35,6 @@ WORDS = ("**What each model represents, one concept at a time.** A concept dicti
 WAITING = "Press **Explain** first: this panel reads both models on the image."
 POINT_WORDS = "Click the photo (the input image at the top) to list the concepts active at that place in both models."
 TOKENS = {"patch": "patch tokens", "patch+cls": "patch and class tokens", "cls": "class token", "position": "positions"}
-METRICS = "metrics.json"   # what `vitviz concepts evaluate` writes beside a dictionary, its held-out FVU among them
 
 
 class Shown(NamedTuple):

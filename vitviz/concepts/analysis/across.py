@@ -115,7 +115,7 @@ def across_metrics(across: Across, activations: Sequence[Activations], *, batch_
     aligned_count(activations, models)
     device = across.per_model[0].W_enc.device
     spreads = [_Spread() for _ in models]
-    errors = torch.zeros(len(models), len(models), dtype=torch.float64)
+    errors = torch.zeros(len(models), len(models), dtype=torch.float64, device=device)   # read once, at the end
     fires = torch.zeros(len(models), across.n_concepts, dtype=torch.int64, device=device)
     pairs = math.comb(len(models), 2)
     fires_in_both = torch.zeros(pairs, across.n_concepts, dtype=torch.int64, device=device)
@@ -132,11 +132,11 @@ def across_metrics(across: Across, activations: Sequence[Activations], *, batch_
             firings.append(codes > 0)
             fires[i] += firings[-1].sum(0)
             for j, (decoder, target) in enumerate(zip(across.per_model, rows)):
-                errors[i, j] += (target.double() - decoder.decode(codes).double()).square().sum().item()
+                errors[i, j] += (target.double() - decoder.decode(codes).double()).square().sum()
         for pair, (a, b) in enumerate(itertools.combinations(firings, 2)):
             fires_in_both[pair] += (a & b).sum(0)
             fires_in_either[pair] += (a | b).sum(0)
-    spread = torch.tensor([spread.total() for spread in spreads], dtype=torch.float64)
+    spread, errors = torch.stack([spread.total() for spread in spreads]).cpu(), errors.cpu()
     for model, value in zip(models, spread):
         if not value > 0:
             raise ConceptsError(f"The {spreads[0].tokens} tokens of {model} evaluated are all the same vector, so "
@@ -170,16 +170,16 @@ class _Spread:
     Σ ‖x - c‖² - T ‖x̄ - c‖²), so that a large common offset does not cancel a small variance's digits."""
 
     def __init__(self):
-        self.tokens, self.shift, self.squares, self.offset = 0, None, 0.0, None
+        self.tokens, self.shift, self.squares, self.offset = 0, None, None, None
 
     def add(self, x: Tensor) -> None:
         x = x.double()
         if self.shift is None:
-            self.shift, self.offset = x.mean(0), torch.zeros_like(x[0])
+            self.shift, self.offset, self.squares = x.mean(0), torch.zeros_like(x[0]), x.new_zeros(())
         centred = x - self.shift
-        self.squares += centred.square().sum().item()
+        self.squares += centred.square().sum()   # on the device: read once, by `total`'s caller
         self.offset += centred.sum(0)
         self.tokens += len(x)
 
-    def total(self) -> float:
-        return self.squares - self.offset.square().sum().item() / self.tokens
+    def total(self) -> Tensor:
+        return self.squares - self.offset.square().sum() / self.tokens

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -65,27 +66,28 @@ def metrics(dictionary: Dictionary, activations: Activations, *, batch_size: int
     tokens do not vary (the FVU's denominator is 0)."""
     device = dictionary.W_enc.device
     tokens, shift = 0, None
-    spread_sum = error_sum = 0.0
+    error_sum, spread_sum = (torch.zeros((), dtype=torch.float64, device=device) for _ in range(2))
     offset_sum = torch.zeros(dictionary.d, dtype=torch.float64, device=device)
     fires = torch.zeros(dictionary.n_concepts, dtype=torch.int64, device=device)
-    for x in batches(activations, batch_size):
+    for x in batches(activations, batch_size):   # sums kept on the device: read once, after the last batch
         dictionary.check_width(x.shape[1])
         x = x.to(device)
         codes = dictionary.encode(x)
-        error_sum += (x.double() - dictionary.decode(codes, x).double()).square().sum().item()
+        error_sum += (x.double() - dictionary.decode(codes, x).double()).square().sum()
         x = x.double()
         if shift is None:
             shift = x.mean(0)
         centred = x - shift
-        spread_sum += centred.square().sum().item()
+        spread_sum += centred.square().sum()
         offset_sum += centred.sum(0)
         fires += (codes > 0).sum(0)
         tokens += len(x)
-    spread = spread_sum - offset_sum.square().sum().item() / tokens
+    totals = torch.cat([torch.stack([error_sum, spread_sum, offset_sum.square().sum()]), fires.double()]).tolist()
+    errors, spread = totals[0], totals[1] - totals[2] / tokens
     if not spread > 0:
         raise ConceptsError(f"The {tokens} tokens evaluated are all the same vector, so no fraction of their "
                             f"variance can be explained.")
-    firing = fires.double().cpu() / tokens
+    firing = np.array(totals[3:]) / tokens
     n = dictionary.n_concepts
-    return Metrics(fvu=error_sum / spread, l0=fires.sum().item() / tokens, dead=(firing == 0).sum().item() / n,
-                   dense=(firing > dense_above).sum().item() / n, tokens=tokens, firing=firing)
+    return Metrics(fvu=errors / spread, l0=sum(totals[3:]) / tokens, dead=np.count_nonzero(firing == 0) / n,
+                   dense=np.count_nonzero(firing > dense_above) / n, tokens=tokens, firing=torch.from_numpy(firing))

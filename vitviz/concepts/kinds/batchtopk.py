@@ -48,14 +48,21 @@ class BatchTopK(TopK):
         super().__init__(d, n_concepts, k=k, origin=origin)
         self.threshold_rate = threshold_rate
         self.register_buffer("threshold", torch.tensor(UNSET, dtype=torch.float64))
+        self._threshold_checked: tuple[Tensor, int] | None = None   # (the buffer, its version) last seen set
 
     def settings(self) -> dict:
         return {"k": self.k, "threshold_rate": self.threshold_rate}
 
     def activation(self, pre: Tensor) -> Tensor:
-        if self.threshold.item() == UNSET:
-            raise ConceptsError("This BatchTopK dictionary has no inference threshold yet: it was never trained, "
-                                "and its threshold is estimated while training.")
+        # whether the threshold was ever set is read from the device once, not at every batch: again only after the
+        # buffer was changed (a training step, a load) or replaced (a move to another device)
+        seen = (self.threshold, self.threshold._version)
+        if self._threshold_checked is None or self._threshold_checked[0] is not seen[0] or \
+                self._threshold_checked[1] != seen[1]:
+            if self.threshold.item() == UNSET:
+                raise ConceptsError("This BatchTopK dictionary has no inference threshold yet: it was never trained, "
+                                    "and its threshold is estimated while training.")
+            self._threshold_checked = seen
         return pre * (pre > self.threshold.to(pre.dtype))
 
     def training_activation(self, pre: Tensor) -> Tensor:
