@@ -156,19 +156,15 @@ def train_across(activations: Sequence[Activations], *, models: Sequence[str],
         for dictionary, head in zip(across.per_model, heads):
             dictionary.normalisation.fit(torch.cat(head)[:norm_tokens])
         across.to(device)
-        position = {"epoch": 0, "batch": 0, "step": 0, "tokens": 0}
-        running = torch.zeros(4, dtype=torch.float64, device=device)   # see TrainingProgress
-        since_fired = torch.zeros(across.n_concepts, dtype=torch.int64, device=device)
     else:
         across = _initialised(settings, list(state["d"])).to(device)
         across.load_state_dict(state["dictionary"])
-        position, running, since_fired = dict(state["position"]), state["running"], state["since_fired"].to(device)
+    position, numbers = TrainingProgress.started(state, across.n_concepts, settings["dead_after"], device)
     across.train()
     optimizer = torch.optim.Adam(across.parameters(), lr=lr)
     if state is not None:
         optimizer.load_state_dict(state["optimizer"])
 
-    numbers = TrainingProgress(running.to(device), since_fired, settings["dead_after"])
     schedule = Schedule(epochs=None if steps is not None else epochs, steps=steps, warmup=warmup, lr=lr)
 
     def epoch_batches(epoch: int) -> Iterator[tuple[Tensor, ...]]:
@@ -181,7 +177,7 @@ def train_across(activations: Sequence[Activations], *, models: Sequence[str],
         return len(rows[0])
 
     def save(last_epoch: dict | None) -> None:
-        write_checkpoint(checkpoint, across, optimizer, settings, position, numbers.running, since_fired,
+        write_checkpoint(checkpoint, across, optimizer, settings, position, numbers.running, numbers.since_fired,
                          last_epoch=last_epoch)
 
     total = schedule.total(math.ceil(count / batch_size) if count else None)

@@ -57,6 +57,16 @@ class TrainingProgress:
         self.since_fired_read = since_fired.cpu().numpy()   # the counters as last read, and the tokens since
         self.tokens_since_read = 0
 
+    @classmethod
+    def started(cls, state: dict | None, n_concepts: int, dead_after: int | None,
+                device: torch.device) -> tuple[dict, TrainingProgress]:
+        """A run's position (epoch, batch, step, tokens) and numbers: a fresh run's, or the checkpoint `state`'s."""
+        if state is None:
+            return ({"epoch": 0, "batch": 0, "step": 0, "tokens": 0},
+                    cls(torch.zeros(4, dtype=torch.float64, device=device),
+                        torch.zeros(n_concepts, dtype=torch.int64, device=device), dead_after))
+        return dict(state["position"]), cls(state["running"].to(device), state["since_fired"].to(device), dead_after)
+
     def add(self, numbers: Tensor, loss: Tensor, not_finite: Tensor, *, step: int, tokens: int) -> None:
         """A step's progress numbers, its whole batch's loss and the count of its non-finite activations."""
         self.running += numbers

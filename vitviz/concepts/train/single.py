@@ -150,13 +150,11 @@ def train(activations: Activations, *, kind: str = "topk", k: int | None = None,
         dictionary = _initialised(cls, head, settings)
         dictionary.normalisation.fit(torch.cat(head)[:norm_tokens])
         dictionary.to(device)
-        position = {"epoch": 0, "batch": 0, "step": 0, "tokens": 0}
-        running = torch.zeros(4, dtype=torch.float64, device=device)   # see TrainingProgress
-        since_fired = torch.zeros(dictionary.n_concepts, dtype=torch.int64, device=device)
     else:
         dictionary = _initialised(cls, None, settings, d=state["d"]).to(device)
         dictionary.load_state_dict(state["dictionary"])
-        position, running, since_fired = dict(state["position"]), state["running"], state["since_fired"].to(device)
+    position, numbers = TrainingProgress.started(state, dictionary.n_concepts,
+                                                 None if cls.penalised else settings["dead_after"], device)
     if parallel.active():
         _check_ranks_agree(dictionary, position["step"])
     dictionary.train()
@@ -165,7 +163,6 @@ def train(activations: Activations, *, kind: str = "topk", k: int | None = None,
         optimizer.load_state_dict(state["optimizer"])
 
     leader = parallel.rank() == 0
-    numbers = TrainingProgress(running.to(device), since_fired, None if cls.penalised else settings["dead_after"])
     schedule = Schedule(epochs=None if steps is not None else epochs, steps=steps, warmup=warmup, lr=lr)
 
     def epoch_batches(epoch: int) -> Iterator[Tensor]:
@@ -178,7 +175,7 @@ def train(activations: Activations, *, kind: str = "topk", k: int | None = None,
         return len(x)
 
     def save(last_epoch: dict | None) -> None:
-        write_checkpoint(checkpoint, dictionary, optimizer, settings, position, numbers.running, since_fired,
+        write_checkpoint(checkpoint, dictionary, optimizer, settings, position, numbers.running, numbers.since_fired,
                           last_epoch=last_epoch)
 
     total = schedule.total(math.ceil(count / batch_size) if count else None)
