@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 import vitviz
-from vitviz import video as clips
+from vitviz import frames as reading, video as clips
 from vitviz.agreement import agreement
 from vitviz.session import explain_image
 
@@ -101,8 +101,8 @@ def test_the_output_is_h264_yuv420p_with_every_frame_and_the_manifest_and_timeli
 
 def test_a_video_stored_on_its_side_is_read_upright(tmp_path):
     path = write_video(tmp_path / "portrait.mp4", frames=4, rate=8, size=(96, 128), rotation=90)
-    frames = list(clips.read_frames(path, fps=8, resize=32))
-    assert clips.probe(path).rotation == 90
+    frames = list(reading.read_frames(path, fps=8, resize=32))
+    assert reading.probe(path).rotation == 90
     assert frames[0].image.size == (96, 128)   # stored 128 wide, 96 high: shown 96 wide, 128 high
     upright = np.asarray(frames[0].image)
     stored = next(iter(av.open(str(path)).decode(video=0))).to_ndarray(format="rgb24")
@@ -112,13 +112,13 @@ def test_a_video_stored_on_its_side_is_read_upright(tmp_path):
 def test_a_variable_frame_rate_keeps_each_frames_own_time(tmp_path):
     times = [0.0, 0.05, 0.1, 0.4, 0.45, 1.0, 1.02, 1.3]
     path = write_video(tmp_path / "vfr.mp4", frames=len(times), rate=24, times=times)
-    frames = list(clips.read_frames(path, fps=4, resize=32))   # samples at 0, 0.25, 0.5, 0.75, 1.0, 1.25
+    frames = list(reading.read_frames(path, fps=4, resize=32))   # samples at 0, 0.25, 0.5, 0.75, 1.0, 1.25
     assert [f.time for f in frames] == pytest.approx([0.0, 0.4, 1.0, 1.3], abs=2e-3)
 
 
 def test_a_source_slower_than_the_rate_asked_keeps_every_frame_and_large_frames_decode_small(tmp_path):
     path = write_video(tmp_path / "slow.mp4", frames=6, rate=4, size=(1080, 1920))
-    frames = list(clips.read_frames(path, fps=8, resize=256))
+    frames = list(reading.read_frames(path, fps=8, resize=256))
     assert len(frames) == 6
     assert frames[0].image.size == (768, 432)   # the longer side at the views' 768 px: more than 256 on the shorter
 
@@ -152,9 +152,9 @@ def test_each_bad_input_is_refused_in_words(tmp_path, monkeypatch, case, pair):
         words = "The video has no frame that can be decoded"
     else:
         path = write_video(tmp_path / "big.mp4", frames=2, rate=8)
-        monkeypatch.setattr(clips, "MAX_FRAME_PIXELS", 96 * 128 - 1)
+        monkeypatch.setattr(reading, "MAX_FRAME_PIXELS", 96 * 128 - 1)
         words = "frames are 128x96 pixels; vitviz reads frames up to 8K"
-    with pytest.raises(clips.VideoError, match=words):
+    with pytest.raises(reading.VideoError, match=words):
         clips.explain_video(path, pair, out=tmp_path / "out", fps=8)
     assert not (tmp_path / "out" / clips.VIDEO_FILE).exists()
     assert not list((tmp_path / "out").glob(".*tmp*")) if (tmp_path / "out").exists() else True

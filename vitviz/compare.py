@@ -78,7 +78,7 @@ from .data import Dataset, open_data, spread
 from .distributed import ranks as process_ranks
 from .explain.lens import relative_depth
 from .explain.receptive import ReceptiveFieldSum, receptive_field
-from .export import png_bytes, write_atomic
+from .files import png_bytes, write_atomic
 from .image import ImageError
 from .models.trace import Trace
 

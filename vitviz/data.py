@@ -75,6 +75,14 @@ def spread(total: int, limit: int | None) -> list[int]:
     return np.linspace(0, total - 1, max(limit, 0)).round().astype(int).tolist()
 
 
+def class_positions(classes: Sequence[str] | None, labels: Sequence[str]) -> list[int] | None:
+    """Where each of the data's classes is among the model's labels; None unless all of them are."""
+    if classes is None:
+        return None
+    position = {name: i for i, name in enumerate(labels)}
+    return [position[c] for c in classes] if all(c in position for c in classes) else None
+
+
 def open_data(spec: str | Path, *, split: str = "test") -> Dataset:
     """A folder, an .npz file (its `split`), 'cifar10' (the `split` of the file `cifar10_file` finds) or
     'cifar10-test'."""

@@ -70,10 +70,10 @@ import torch
 from tqdm import tqdm
 
 from . import __version__, catalog, hub, render
-from .data import DataError, Dataset, open_data, spread
+from .data import DataError, Dataset, class_positions, open_data, spread
 from .distributed import ranks as process_ranks
 from .explain import METHODS, faithfulness, method as find_method
-from .export import png_bytes, safe_name, write_atomic
+from .files import png_bytes, safe_name, write_atomic
 from .image import ImageError
 
 SUMMARY = "summary.json"      # the summary of one model's evaluation; shipped next to its checkpoint
@@ -220,14 +220,6 @@ def evaluate_batch(loaded, pixels: torch.Tensor, *, indices: Sequence[int], labe
 
 
 # ---- the data set, chunk by chunk ---------------------------------------------------------------------
-
-def class_positions(classes: Sequence[str] | None, labels: Sequence[str]) -> list[int] | None:
-    """Where each of the data's classes is among the model's labels; None unless all of them are."""
-    if classes is None:
-        return None
-    position = {name: i for i, name in enumerate(labels)}
-    return [position[c] for c in classes] if all(c in position for c in classes) else None
-
 
 def run_key(*, models: Sequence[str], methods: Sequence[str], data: Dataset, limit: int | None,
             settings: Settings, prompts: str | None = None) -> str:

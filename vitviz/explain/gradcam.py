@@ -30,7 +30,7 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from ..models.trace import Trace
-from .gradients import Target, _grad_trace, resolve_target
+from .gradients import Target, grad_trace, resolve_target
 
 EPS = 1e-7   # grad-cam's `scale_cam_image`
 
@@ -55,4 +55,4 @@ def gradcam_from_trace(trace: Trace, target: Target = None) -> Tensor:
 
 def gradcam(model: nn.Module, pixels: Tensor, target: Target = None) -> Tensor:
     """Grad-CAM for `target` (default: each image's top class): b gh gw on the model's last token grid."""
-    return gradcam_from_trace(_grad_trace(model, pixels), target)
+    return gradcam_from_trace(grad_trace(model, pixels), target)

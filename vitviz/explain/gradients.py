@@ -112,7 +112,9 @@ def chefer_relevance_from_trace(trace: Trace, target: Target = None, *, start_la
                      start_layer=start_layer, to_stage=to_stage)
 
 
-def _grad_trace(model: nn.Module, pixels: Tensor, attention: KeptAttention = True) -> Trace:
+def grad_trace(model: nn.Module, pixels: Tensor, attention: KeptAttention = True) -> Trace:
+    """A traced forward that keeps the graph (and the `attention` maps asked for), for the methods that backpropagate
+    a target through it; refused for a model in training mode."""
     if model.training:
         raise ValueError("call model.eval() first: in training mode BatchNorm mixes the images of a batch "
                          "and the trace would update its running statistics")
@@ -122,12 +124,12 @@ def _grad_trace(model: nn.Module, pixels: Tensor, attention: KeptAttention = Tru
 def gradient_rollout(model: nn.Module, pixels: Tensor, target: Target = None, *, discard_ratio: float = 0.0,
                      start_layer: int = 0, to_stage: int = -1) -> Tensor:
     """Gradient-weighted rollout for `target` (default: each image's top class): b gh gw, last token grid."""
-    return gradient_rollout_from_trace(_grad_trace(model, pixels), target, discard_ratio=discard_ratio,
+    return gradient_rollout_from_trace(grad_trace(model, pixels), target, discard_ratio=discard_ratio,
                                        start_layer=start_layer, to_stage=to_stage)
 
 
 def chefer_relevance(model: nn.Module, pixels: Tensor, target: Target = None, *, start_layer: int = 0,
                      to_stage: int = -1) -> Tensor:
     """Chefer et al. 2021 relevance for `target` (default: each image's top class): b gh gw, last token grid."""
-    return chefer_relevance_from_trace(_grad_trace(model, pixels), target, start_layer=start_layer,
+    return chefer_relevance_from_trace(grad_trace(model, pixels), target, start_layer=start_layer,
                                        to_stage=to_stage)

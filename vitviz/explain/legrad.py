@@ -75,7 +75,7 @@ from torch import Tensor, nn
 
 from ..models.trace import Trace
 from .cvt import keys_to_queries
-from .gradients import Target, _grad_trace, first_block, resolve_target
+from .gradients import Target, first_block, grad_trace, resolve_target
 from .rollout import blocks_in_range, needs_attention
 from .windows import key_means
 
@@ -108,5 +108,5 @@ def legrad_from_trace(trace: Trace, classifier: Classifier, target: Target = Non
 def legrad(model: nn.Module, pixels: Tensor, target: Target = None, *, start_layer: int = 0) -> Tensor:
     """LeGrad for `target` (default: each image's top class) over the blocks from `start_layer` on:
     b gh gw on the model's last token grid, min-max normalised per image."""
-    trace = _grad_trace(model, pixels, attention=slice(start_layer, None))   # the attention and graph it reads
+    trace = grad_trace(model, pixels, attention=slice(start_layer, None))   # the attention and graph it reads
     return legrad_from_trace(trace, model.pooled_logits, target, start_layer=start_layer)

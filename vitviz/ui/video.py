@@ -175,7 +175,7 @@ def layout(page: Page, prompts: gr.Textbox) -> Video:
             frame = gr.Slider(1, 2, value=1, step=1, label="frame", interactive=False, elem_id="video-frame")
             send = gr.Button("Explain this frame in every tab", elem_id="video-send")
         frames = gr.State(None)
-    # the upload skips Gradio's own handling: `video.probe` reads it with every check
+    # the upload skips Gradio's own handling: `frames.probe` reads it with every check
     done = run.click(explain_video, inputs=[upload, page.model_a, page.model_b, methods, fps, prompts],
                      outputs=[result, timeline, stability, frames], preprocess=False, api_name="explain_video",
                      **MODEL_EVENTS)

@@ -44,8 +44,7 @@ from PIL import Image
 from torch import Tensor
 from tqdm import tqdm
 
-from ...data import Dataset
-from ...evaluate import class_positions
+from ...data import Dataset, class_positions
 from ...explain.gradients import Target, resolve_target
 from ...image import ImageError
 from ...models.trace import BlockTrace, Trace
