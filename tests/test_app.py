@@ -364,7 +364,7 @@ def test_the_api_page_lists_one_endpoint_per_computation_and_each_answers_from_a
 def test_the_faithfulness_tab_shows_the_bundled_models_leaderboard_from_a_real_client(client):
     """The bundled models ship `python -m vitviz evaluate`'s summary beside their checkpoints: the tab shows
     each one's table and mean curves; for a model with none it gives the command that makes one."""
-    from vitviz.evaluate import SUMMARY
+    from vitviz.leaderboard import SUMMARY
     text, plot_a, plot_b = client.predict(*PAIR, api_name="/render_leaderboard")
     for name in PAIR:
         shipped = json.loads((ROOT / "checkpoints" / name / SUMMARY).read_text())

@@ -16,7 +16,7 @@ from PIL import Image
 from torch import nn
 
 import vitviz
-from vitviz import cli, evaluate as ev
+from vitviz import cli, evaluate as ev, leaderboard
 from vitviz.bundle import save_bundle
 from vitviz.data import DataError, open_data
 from vitviz.explain import METHODS, Method
@@ -170,7 +170,7 @@ def test_region_perturbation_equals_quantus_on_a_timm_vit_at_224(tmp_path, monke
                                         disable_warnings=True)
     theirs = metric(model=reference, x_batch=pixels.repeat(2, 1, 1, 1).numpy(), y_batch=np.tile(target, 2),
                     a_batch=attributions.numpy(), device="cpu")
-    for k, name in enumerate(["rollout", ev.RANDOM]):
+    for k, name in enumerate(["rollout", leaderboard.RANDOM]):
         for i in range(2):
             ours = np.array(records[i]["maps"][name]["region"]["scores"])
             np.testing.assert_allclose(ours[0] - ours[1:], theirs[2 * k + i], atol=1e-5, rtol=0)
@@ -193,7 +193,7 @@ def test_two_torchrun_ranks_merge_to_exactly_the_one_process_result(micro_models
             "--batch-size", "2", "--forward-batch", "16", "--steps", "4", "--regions", "8"]
     one = run([*args, "--out", str(tmp_path / "one")])
     two = run([*args, "--out", str(tmp_path / "two")], torchrun=True)
-    for name in (ev.RECORDS, ev.SUMMARY, "summary.md"):
+    for name in (ev.RECORDS, leaderboard.SUMMARY, "summary.md"):
         assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes(), name
     assert one.stdout == two.stdout and "| rollout |" in one.stdout
     shards = [(tmp_path / "two" / f"records-rank{r}.jsonl").read_text().splitlines() for r in (0, 1)]
@@ -201,7 +201,7 @@ def test_two_torchrun_ranks_merge_to_exactly_the_one_process_result(micro_models
     assert "rank 0: 3 images" in two.stderr and "rank 1: 3 images" in two.stderr   # image 4 is no image
     for model in micro_models:
         folder = tmp_path / "two" / Path(model).name
-        assert json.loads((folder / ev.SUMMARY).read_text())["models"].keys() == {Path(model).name}
+        assert json.loads((folder / leaderboard.SUMMARY).read_text())["models"].keys() == {Path(model).name}
         assert Image.open(folder / "curves.png").size[0] > 600
 
 
@@ -303,6 +303,6 @@ def test_the_faithfulness_page_shows_the_summaries_shipped_beside_the_bundled_ch
     CIFAR-10 test images, and docs/faithfulness.md's table is the table those summaries print."""
     page = (ROOT / "docs" / "faithfulness.md").read_text()
     for name in ("vit-cifar10", "cvt-cifar10"):
-        summary = json.loads((ROOT / "checkpoints" / name / ev.SUMMARY).read_text())
+        summary = json.loads((ROOT / "checkpoints" / name / leaderboard.SUMMARY).read_text())
         assert summary["data"]["images"] == 1000 and list(summary["methods"]) == list(METHODS), name
-        assert ev.markdown(summary).strip() in page, name
+        assert leaderboard.markdown(summary).strip() in page, name

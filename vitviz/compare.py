@@ -76,8 +76,7 @@ from tqdm import tqdm
 from . import __version__, catalog, hub
 from .data import Dataset, open_data, spread
 from .distributed import ranks as process_ranks
-from .explain.lens import relative_depth
-from .explain.receptive import ReceptiveFieldSum, receptive_field
+from .explain.receptive import ReceptiveFieldSum, reach_curves, receptive_field, receptive_npz
 from .files import png_bytes, write_atomic
 from .image import ImageError
 from .models.trace import Trace
@@ -349,28 +348,6 @@ def markdown(result: CKAResult, names: tuple[str, str]) -> str:
         best = int(np.argmax(row))
         lines.append(f"| {name} | {result.layers_b[best]} | {row[best]:.3f} |")
     return "\n".join(lines) + "\n"
-
-
-def receptive_npz(fields: Sequence, traces: Sequence[Trace]) -> bytes:
-    """receptive-field.npz: per model (prefix a_, b_) its blocks' averaged maps (blocks H W), r50 and r90 (pixels of
-    its input), their shares of the input's shorter side and the blocks' relative depths."""
-    arrays = {}
-    for prefix, field, trace in zip(("a", "b"), fields, traces):
-        share50, share90 = field.share
-        arrays.update({f"{prefix}_maps": field.maps.numpy(), f"{prefix}_r50": field.r50.numpy(),
-                       f"{prefix}_r90": field.r90.numpy(), f"{prefix}_r50_share": share50.numpy(),
-                       f"{prefix}_r90_share": share90.numpy(), f"{prefix}_blocks": np.asarray(field.blocks),
-                       f"{prefix}_depth": np.asarray(relative_depth(trace, field.blocks)),
-                       f"{prefix}_input_size": np.asarray(field.input_size)})
-    buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
-    return buffer.getvalue()
-
-
-def reach_curves(fields: Sequence, traces: Sequence[Trace], names: Sequence[str]) -> dict:
-    """`render.compare.reach_plot`'s curves: name -> (relative depths, r50 share, r90 share)."""
-    return {name: (relative_depth(trace, field.blocks), *(s.tolist() for s in field.share))
-            for name, field, trace in zip(names, fields, traces)}
 
 
 def write_result(out: Path, result: CKAResult, summary: dict) -> None:

@@ -28,14 +28,17 @@ together on the maps' device, and they are read back once, at the end.
 from __future__ import annotations
 
 import functools
+import io
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from ..models.trace import Trace
 from .distance import stage_axis
+from .lens import relative_depth
 
 
 @dataclass
@@ -155,3 +158,25 @@ class ReceptiveFieldSum:
         r50, r90 = radii(maps, [tuple(centre) for centre in self.centres.tolist()], (0.5, 0.9)).unbind(dim=1)
         return ReceptiveField(blocks=self.blocks, maps=maps, r50=r50, r90=r90, centres=self.centres,
                               input_size=self.input_size)
+
+
+def receptive_npz(fields: Sequence, traces: Sequence[Trace]) -> bytes:
+    """receptive-field.npz: per model (prefix a_, b_) its blocks' averaged maps (blocks H W), r50 and r90 (pixels of
+    its input), their shares of the input's shorter side and the blocks' relative depths."""
+    arrays = {}
+    for prefix, field, trace in zip(("a", "b"), fields, traces):
+        share50, share90 = field.share
+        arrays.update({f"{prefix}_maps": field.maps.numpy(), f"{prefix}_r50": field.r50.numpy(),
+                       f"{prefix}_r90": field.r90.numpy(), f"{prefix}_r50_share": share50.numpy(),
+                       f"{prefix}_r90_share": share90.numpy(), f"{prefix}_blocks": np.asarray(field.blocks),
+                       f"{prefix}_depth": np.asarray(relative_depth(trace, field.blocks)),
+                       f"{prefix}_input_size": np.asarray(field.input_size)})
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return buffer.getvalue()
+
+
+def reach_curves(fields: Sequence, traces: Sequence[Trace], names: Sequence[str]) -> dict:
+    """`render.compare.reach_plot`'s curves: name -> (relative depths, r50 share, r90 share)."""
+    return {name: (relative_depth(trace, field.blocks), *(s.tolist() for s in field.share))
+            for name, field, trace in zip(names, fields, traces)}

@@ -9,8 +9,8 @@ from typing import NamedTuple
 
 import gradio as gr
 
-from ..evaluate import leaderboard
 from ..explain import FAMILIES, METHODS, method as find_method
+from ..leaderboard import leaderboard
 from ..render import faithfulness_plot
 from ..views import map_view
 from .shared import HIDDEN, INSTANT, MODEL_EVENTS, Page, as_files, run_point, runs, session
