@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -115,21 +116,12 @@ def test_an_area_that_fails_prints_one_line_and_the_later_areas_still_run(monkey
 
     ran = []
 
-    class Broken:
-        __name__ = "areas.broken"
+    def broken(bench, items):
+        raise ZeroDivisionError("float division by zero")
 
-        @staticmethod
-        def measure(bench, items):
-            raise ZeroDivisionError("float division by zero")
-
-    class Fine:
-        __name__ = "areas.fine"
-
-        @staticmethod
-        def measure(bench, items):
-            ran.append(sorted(items))
-
-    monkeypatch.setattr(bench, "AREAS", ((("forward",), Broken), (("cvt",), Fine)))
+    areas = (SimpleNamespace(__name__="areas.broken", measure=broken),
+             SimpleNamespace(__name__="areas.fine", measure=lambda bench, items: ran.append(sorted(items))))
+    monkeypatch.setattr(bench, "AREAS", ((("forward",), areas[0]), (("cvt",), areas[1])))
     with pytest.raises(SystemExit) as exit:
         bench.main(["--quick", "--only", "forward", "cvt"])
     lines = capsys.readouterr().out.splitlines()
