@@ -111,7 +111,7 @@ def test_quick_benchmark_prints_every_measurement_line_with_its_ratio_and_verdic
 
 def test_an_area_that_fails_prints_one_line_and_the_later_areas_still_run(monkeypatch, capsys):
     """A broken area (as `--only evaluate` once was on CUDA) must not take the areas after it with it."""
-    sys.path[:0] = [str(ROOT / "benchmarks")]
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     import bench
 
     ran = []
