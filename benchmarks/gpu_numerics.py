@@ -92,8 +92,8 @@ def loaded(family: str, device: torch.device) -> LoadedModel:
 
 
 def on_host(x) -> torch.Tensor:
-    """A float32 CPU tensor of an array or a tensor on any device (`np.asarray` of a CUDA tensor raises)."""
-    return x.detach().float().cpu() if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x)).float()
+    """A float32 CPU tensor of an array or a tensor on any device (numpy cannot read a CUDA tensor)."""
+    return x.detach().float().cpu() if isinstance(x, torch.Tensor) else torch.as_tensor(x).float()
 
 
 def relative_error(actual, expected) -> float:
