@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from .layers import Mlp
 from .relevance import GammaConv2d, GammaLinear, LayerNorm
-from .trace import BlockTrace, Embedding, KeptAttention, Trace, Window
+from .trace import BlockTrace, Edit, Embedding, KeptAttention, Trace, Window, edited_map, graph_pixels
 
 LN_EPS = 1e-6
 
@@ -174,20 +174,23 @@ class ConvNeXt(nn.Module):
         return self.head(x.mean(dim=(2, 3)))
 
     def trace(self, pixels: Tensor, *, grad: bool = False, decompose: bool = False,
-              attention: KeptAttention = True) -> Trace:
+              attention: KeptAttention = True, edit: Edit | None = None) -> Trace:
         """One forward pass that returns every block's output on its grid and each stage's feature map.
-        `attention` and `decompose` are accepted for the methods' sake: a block's whole update is its one part."""
+        `attention` and `decompose` are accepted for the methods' sake: a block's whole update is its one part.
+        edit: `models.trace.Edit`, each block's output tokens replaced before the rest of the forward reads
+        them (circuits splice dictionaries in this way).
+        """
         blocks, features = [], []
         flat = lambda t: rearrange(t, 'b c h w -> b (h w) c')
         with torch.set_grad_enabled(grad):
             if grad:
-                pixels = pixels.detach().requires_grad_(True)
+                pixels = graph_pixels(pixels)
             x = self.stem(pixels)
             for s, stage in enumerate(self.stages):
                 x = stage.downsample(x)
                 for block in stage.blocks:
                     inputs = x
-                    x = block(x)
+                    x = edited_map(edit, len(blocks), block(x))
                     grid = (x.shape[2], x.shape[3])
                     blocks.append(BlockTrace(attn=None, tokens=flat(x), stage=s, query_grid=grid, key_grid=grid,
                                              key_window=Window(1, 1, 0), prefix_kinds=(), inputs=flat(inputs),

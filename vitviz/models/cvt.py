@@ -17,7 +17,19 @@ from torch import Tensor, nn
 
 from .layers import renamed_state_dict
 from .relevance import GELU, GammaConv2d, GammaLinear, LayerNorm, QuickGELU, attention_inputs
-from .trace import AttentionParts, BlockTrace, Embedding, KeptAttention, Trace, Window, graph_start, kept_blocks
+from .trace import (
+    AttentionParts,
+    BlockTrace,
+    Edit,
+    Embedding,
+    KeptAttention,
+    Trace,
+    Window,
+    edited,
+    graph_pixels,
+    graph_start,
+    kept_blocks,
+)
 
 LN_EPS = 1e-5   # every CvT LayerNorm; transformers never reads config.layer_norm_eps
 
@@ -210,11 +222,11 @@ class Stage(nn.Module):
         self.blocks = nn.ModuleList([Block(stage=s, act=act) for _ in range(s.depth)])
 
     def forward(self, fmap: Tensor, trace: list[BlockTrace] | None = None, index: int = 0, keep_normed: bool = False,
-                decompose: bool = False, kept: range = range(0), graph_from: int = 0):
+                decompose: bool = False, kept: range = range(0), graph_from: int = 0, edit: Edit | None = None):
         """b c h w -> (b c' h' w' feature map, b 1 c' class token or None); appends to `trace` if given
         (with each block's first-norm output if `keep_normed`, how its heads write if `decompose`, the attention
         maps of the blocks in `kept`, indices of the whole trace, and where grad is enabled the graph from its
-        block `graph_from` on)."""
+        block `graph_from` on; `edit`: `models.trace.Edit`, by the whole trace's block indices)."""
         first, grad = 0 if trace is None else len(trace), torch.is_grad_enabled()
         with torch.set_grad_enabled(grad and first >= graph_from):
             x = self.patch_embed(fmap)
@@ -227,6 +239,7 @@ class Stage(nn.Module):
             inputs = x
             with torch.set_grad_enabled(grad and i >= graph_from):
                 x, attn, key_grid, normed, values = block(x, grid, prefix, return_attn=i in kept)
+                x = edited(edit, i, x)
             if trace is not None:
                 trace.append(BlockTrace(attn=attn, tokens=x, stage=index, query_grid=grid, key_grid=key_grid,
                                         key_window=block.attn.kv_window, prefix_kinds=("cls",) * prefix,
@@ -302,7 +315,7 @@ class CvT(nn.Module):
         return self.head(self.norm(cls[:, 0]))
 
     def trace(self, pixels: Tensor, *, grad: bool = False, decompose: bool = False,
-              attention: KeptAttention = True) -> Trace:
+              attention: KeptAttention = True, edit: Edit | None = None) -> Trace:
         """One forward pass that returns every attention map, block output and stage feature map.
 
         With grad=True the graph is kept, so `torch.autograd.grad(logit, trace.attentions)` works.
@@ -310,17 +323,19 @@ class CvT(nn.Module):
         attention maps (`attn` None) and the fused attention kernel, for work that reads only the tokens (CKA).
         attention=slice(...): the maps of those blocks only (indices of `trace.blocks`), and with grad=True the
         graph from the first of them on (`models.trace.graph_start`).
+        edit: `models.trace.Edit`, each block's output tokens replaced before the rest of the forward reads
+        them (circuits splice dictionaries in this way).
         """
         kept = kept_blocks(attention, sum(len(stage.blocks) for stage in self.stages))
         graph_from = graph_start(attention, kept)
         blocks, features = [], []
         with torch.set_grad_enabled(grad):
             if grad and not graph_from:
-                pixels = pixels.detach().requires_grad_(True)
+                pixels = graph_pixels(pixels)
             x = pixels
             for i, stage in enumerate(self.stages):
                 x, cls = stage(x, trace=blocks, index=i, keep_normed=grad, decompose=decompose, kept=kept,
-                               graph_from=graph_from)
+                               graph_from=graph_from, edit=edit)
                 features.append(x)
             logits = self.head(self.norm(cls[:, 0]))
         input_size = (pixels.shape[2], pixels.shape[3])

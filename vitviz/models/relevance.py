@@ -92,6 +92,7 @@ class RelevanceRules:
 
 _ACTIVE: ContextVar[RelevanceRules | None] = ContextVar("vitviz_relevance_rules", default=None)
 _FROZEN_NORMS: ContextVar[bool] = ContextVar("vitviz_frozen_norms", default=False)
+_FROZEN_ATTENTION: ContextVar[bool] = ContextVar("vitviz_frozen_attention", default=False)
 
 
 @contextmanager
@@ -114,6 +115,18 @@ def frozen_norm_scales() -> Iterator[None]:
         yield
     finally:
         _FROZEN_NORMS.reset(token)
+
+
+@contextmanager
+def frozen_attention() -> Iterator[None]:
+    """Attention inside the block detaches its queries and keys (values unchanged), so every attention pattern is
+    a constant of this pass and the gradient flows through the values alone: circuit-tracer's convention for an
+    attribution graph's edges (this thread only; CP-LRP does the same for relevance)."""
+    token = _FROZEN_ATTENTION.set(True)
+    try:
+        yield
+    finally:
+        _FROZEN_ATTENTION.reset(token)
 
 
 def _stabilized(x: Tensor, epsilon: float) -> Tensor:
@@ -377,7 +390,7 @@ def attention_inputs(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, T
     """Queries, keys and values as the attention should see them: unchanged, or with the active rule."""
     rules = _ACTIVE.get()
     if rules is None:
-        return q, k, v
+        return (q.detach(), k.detach(), v) if _FROZEN_ATTENTION.get() else (q, k, v)
     if rules.attention == "cp":
         return q.detach(), k.detach(), v
     return _ScaleGradient.apply(q, 4.0), _ScaleGradient.apply(k, 4.0), _ScaleGradient.apply(v, 2.0)

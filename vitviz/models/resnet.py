@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from .layers import renamed_state_dict
 from .relevance import GammaLinear, RelevanceRules, conv_bn, norm_mean, norm_sum, relu
-from .trace import BlockTrace, Embedding, KeptAttention, Trace, Window
+from .trace import BlockTrace, Edit, Embedding, KeptAttention, Trace, Window, edited_map, graph_pixels
 
 BLOCKS = ("basic", "bottleneck")
 
@@ -198,18 +198,21 @@ class ResNet(nn.Module):
         return self.fc(norm_mean(x))
 
     def trace(self, pixels: Tensor, *, grad: bool = False, decompose: bool = False,
-              attention: KeptAttention = True) -> Trace:
+              attention: KeptAttention = True, edit: Edit | None = None) -> Trace:
         """One forward pass that returns every block's output on its grid and each stage's feature map.
-        `attention` and `decompose` are accepted for the methods' sake: a ResNet has neither."""
+        `attention` and `decompose` are accepted for the methods' sake: a ResNet has neither.
+        edit: `models.trace.Edit`, each block's output tokens replaced before the rest of the forward reads
+        them (circuits splice dictionaries in this way).
+        """
         blocks, features = [], []
         with torch.set_grad_enabled(grad):
             if grad:
-                pixels = pixels.detach().requires_grad_(True)
+                pixels = graph_pixels(pixels)
             x = self.stem(pixels)
             for s, stage in enumerate(self.stages):
                 for block in stage:
                     inputs, input_grid = rearrange(x, 'b c h w -> b (h w) c'), (x.shape[2], x.shape[3])
-                    x = block(x)
+                    x = edited_map(edit, len(blocks), block(x))
                     grid = (x.shape[2], x.shape[3])
                     blocks.append(BlockTrace(attn=None, tokens=rearrange(x, 'b c h w -> b (h w) c'), stage=s,
                                              query_grid=grid, key_grid=grid, key_window=Window(1, 1, 0),

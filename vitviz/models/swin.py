@@ -34,11 +34,14 @@ from .relevance import GammaConv2d, GammaLinear, LayerNorm, attention_inputs
 from .trace import (
     AttentionParts,
     BlockTrace,
+    Edit,
     Embedding,
     KeptAttention,
     Trace,
     Window,
     WindowPartition,
+    edited_map,
+    graph_pixels,
     graph_start,
     kept_blocks,
 )
@@ -353,7 +356,7 @@ class Swin(nn.Module):
         return self.head_logits(self.norm(rearrange(x, 'b h w c -> b (h w) c')))
 
     def trace(self, pixels: Tensor, *, grad: bool = False, decompose: bool = False,
-              attention: KeptAttention = True) -> Trace:
+              attention: KeptAttention = True, edit: Edit | None = None) -> Trace:
         """One forward pass that returns every block's windowed attention, block output and stage feature map.
 
         With grad=True the graph is kept, so `torch.autograd.grad(logit, trace.attentions)` works.
@@ -361,13 +364,15 @@ class Swin(nn.Module):
         attention=False: no attention maps (`attn` None) and the fused attention kernel (CKA).
         attention=slice(...): the maps of those blocks only (indices of `trace.blocks`), and with grad=True the
         graph from the first of them on (`models.trace.graph_start`).
+        edit: `models.trace.Edit`, each block's output tokens replaced before the rest of the forward reads
+        them (circuits splice dictionaries in this way).
         """
         kept = kept_blocks(attention, sum(len(stage.blocks) for stage in self.layers))
         graph_from = graph_start(attention, kept)
         blocks, features = [], []
         with torch.set_grad_enabled(grad):
             if grad and not graph_from:
-                pixels = pixels.detach().requires_grad_(True)
+                pixels = graph_pixels(pixels)
             with torch.set_grad_enabled(grad and not graph_from):
                 x = self.embed(pixels)
             for s, stage in enumerate(self.layers):
@@ -378,6 +383,7 @@ class Swin(nn.Module):
                     inputs, i = x, len(blocks)
                     with torch.set_grad_enabled(grad and i >= graph_from):
                         x, attn, normed, part, values = block(x, return_attn=i in kept)
+                    x = edited_map(edit, i, x, layout='b h w c')
                     flat = lambda t: rearrange(t, 'b h w c -> b (h w) c')
                     blocks.append(BlockTrace(attn=attn, tokens=flat(x), stage=s, query_grid=grid, key_grid=grid,
                                              key_window=Window(1, 1, 0), prefix_kinds=(),

@@ -5,13 +5,37 @@ model's input without knowing which architecture produced it.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 
 import torch
+from einops import rearrange
 from torch import Tensor
 
 KeptAttention = bool | slice   # `trace(attention=...)`: every block's attention maps, none, or a slice of the blocks'
+# `trace(edit=...)`: (block index, the b n c tokens it put out) -> the tokens the rest of the forward reads instead
+# (a dictionary spliced in, a concept's interpolation): what the trace keeps as that block's tokens too
+Edit = Callable[[int, Tensor], Tensor]
+
+
+def edited(edit: Edit | None, index: int, tokens: Tensor) -> Tensor:
+    """Block `index`'s b n c output tokens, through `edit` where one is given."""
+    return tokens if edit is None else edit(index, tokens)
+
+
+def edited_map(edit: Edit | None, index: int, fmap: Tensor, *, layout: str = 'b c h w') -> Tensor:
+    """The same for a block's feature map in `layout` ('b c h w', or channels last: 'b h w c')."""
+    if edit is None:
+        return fmap
+    h, w = (fmap.shape[2], fmap.shape[3]) if layout == 'b c h w' else (fmap.shape[1], fmap.shape[2])
+    return rearrange(edit(index, rearrange(fmap, f'{layout} -> b (h w) c')), f'b (h w) c -> {layout}', h=h, w=w)
+
+
+def graph_pixels(pixels: Tensor) -> Tensor:
+    """The pixels a grad trace starts its graph from: a leaf of their values, unless they already carry a graph
+    (a feature picture's parametrisation: the gradient must reach what made them)."""
+    return pixels if pixels.requires_grad else pixels.detach().requires_grad_(True)
 
 
 def kept_blocks(attention: KeptAttention, depth: int) -> range:

@@ -17,7 +17,19 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from .relevance import GELU, GammaConv2d, GammaLinear, LayerNorm, QuickGELU, attention_inputs
-from .trace import AttentionParts, BlockTrace, Embedding, KeptAttention, Trace, Window, graph_start, kept_blocks
+from .trace import (
+    AttentionParts,
+    BlockTrace,
+    Edit,
+    Embedding,
+    KeptAttention,
+    Trace,
+    Window,
+    edited,
+    graph_pixels,
+    graph_start,
+    kept_blocks,
+)
 
 LN_EPS = 1e-6
 ACTIVATIONS = {"gelu": GELU, "quick_gelu": QuickGELU}   # the MLP's, by timm's `act_layer` names
@@ -280,7 +292,7 @@ class ViT(nn.Module):
         return self.head_logits(self.norm(tokens))
 
     def trace(self, pixels: Tensor, *, grad: bool = False, decompose: bool = False,
-              attention: KeptAttention = True) -> Trace:
+              attention: KeptAttention = True, edit: Edit | None = None) -> Trace:
         """One forward pass that returns every attention map and block output.
 
         With grad=True the graph is kept, so `torch.autograd.grad(logit, trace.attentions)` works. A model
@@ -289,12 +301,14 @@ class ViT(nn.Module):
         attention maps (`attn` None) and the fused attention kernel, for work that reads only the tokens (CKA).
         attention=slice(...): the maps of those blocks only, and with grad=True the graph from the first of them
         on (LeGrad reading the last blocks; `models.trace.graph_start`).
+        edit: `models.trace.Edit`, each block's output tokens replaced before the rest of the forward reads
+        them (circuits splice dictionaries in this way).
         """
         kept = kept_blocks(attention, len(self.blocks))
         graph_from = graph_start(attention, kept)
         with torch.set_grad_enabled(grad):
             if grad and not graph_from:
-                pixels = pixels.detach().requires_grad_(True)
+                pixels = graph_pixels(pixels)
             with torch.set_grad_enabled(grad and not graph_from):
                 x, grid = self.embed(pixels)
             blocks = []
@@ -302,6 +316,7 @@ class ViT(nn.Module):
                 inputs = x
                 with torch.set_grad_enabled(grad and i >= graph_from):
                     x, attn, normed, values = block(x, return_attn=i in kept)
+                    x = edited(edit, i, x)
                 blocks.append(BlockTrace(attn=attn, tokens=x, stage=0, query_grid=grid, key_grid=grid,
                                          key_window=Window(1, 1, 0), prefix_kinds=self.config.prefix_kinds,
                                          normed=normed if grad else None, inputs=inputs,

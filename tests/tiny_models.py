@@ -1,0 +1,48 @@
+"""Small random models of every family for 32 px inputs, five classes, weights moved away from their init (so
+attentions are peaked and gradients sizeable): what the tests of family-independent code run on."""
+import torch
+from torch import nn
+
+FAMILIES = ("vit", "cvt", "swin", "resnet", "convnext")
+
+
+def tiny(family: str, *, seed: int = 0) -> nn.Module:
+    """A random-weight model of `family`, in eval mode."""
+    from vitviz.models import (
+        ConvNeXt,
+        ConvNeXtConfig,
+        CvT,
+        CvTConfig,
+        CvTStageConfig,
+        ResNet,
+        ResNetConfig,
+        Swin,
+        SwinConfig,
+        ViT,
+        ViTConfig,
+    )
+
+    torch.manual_seed(seed)
+    if family == "vit":
+        model = ViT(ViTConfig(img_size=(32, 32), patch_size=8, embed_dim=16, depth=3, num_heads=2, num_classes=5))
+    elif family == "cvt":   # 16 x 16, 8 x 8 and 4 x 4 grids, a class token in the last stage
+        stages = tuple(CvTStageConfig(embed_dim=d, depth=n, num_heads=h, patch_size=3, patch_stride=2,
+                                      patch_padding=1, cls_token=i == 2)
+                       for i, (d, h, n) in enumerate(zip((8, 16, 16), (1, 2, 2), (1, 2, 2))))
+        model = CvT(CvTConfig(stages=stages, num_classes=5))
+    elif family == "swin":   # a 16 x 16 grid in 4 x 4 windows, shifted every second block, then an 8 x 8 one
+        model = Swin(SwinConfig(img_size=(32, 32), patch_size=2, embed_dim=8, depths=(2, 2), num_heads=(1, 2),
+                                window_size=4, num_classes=5))
+    elif family == "resnet":
+        model = ResNet(ResNetConfig(block="basic", layers=(2, 2), widths=(8, 16), stem_width=8, stem_kernel=3,
+                                    num_classes=5))
+    else:
+        model = ConvNeXt(ConvNeXtConfig(depths=(1, 1, 2), dims=(8, 16, 24), num_classes=5))
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.2 * torch.randn_like(parameter))
+        for module in model.modules():
+            if isinstance(module, nn.BatchNorm2d):
+                module.running_mean.normal_(0, 0.1)
+                module.running_var.uniform_(0.5, 2.0)
+    return model.eval()
