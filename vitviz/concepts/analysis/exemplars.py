@@ -3,6 +3,7 @@
     exemplars = exemplars_of(dictionary, cached, data, top=8)   # a cached layer of `data` (`activations/cache.py`)
     save_exemplars(exemplars, "dictionaries/vit-cifar10")        # beside concepts.safetensors
     exemplars = load_exemplars("dictionaries/vit-cifar10", dictionary=dictionary)
+    exemplars = index_in("vit-cifar10-last")                     # the one beside a dictionary (bundled or a folder)
     for image, cells, value, index, id, label in exemplars.of(17): ...   # concept 17's top images and maps
 
 The ranking. With z_{g,c} the code of concept c at grid token g of an image (`Dictionary.encode` of the block's
@@ -58,6 +59,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load as load_tensors, save as save_tensors
 from torch import Tensor
 
+from ... import catalog
 from ...data import Dataset
 from ...files import safe_name, write_atomic
 from ...image import ImageError, read_image
@@ -356,6 +358,47 @@ def load_exemplars(path: str | Path, *, dictionary: Dictionary | None = None) ->
                                 f"{dictionary.origin.describe()}, {dictionary.n_concepts} concepts): build the "
                                 f"exemplar index of this dictionary again.")
     return exemplars
+
+
+def index_in(source: str | Path, *, dictionary: Dictionary | None = None, model: str | None = None) -> Exemplars:
+    """The exemplar index beside a dictionary: in the folder of `source` (a bundled dictionary's name, or a
+    dictionary's folder or a file in it), among `file_name`'s files (one, or one per model of a dictionary across
+    models), the one built from `dictionary`'s weights where it is given, else the one of `model` (to be said where
+    the folder holds several). A ConceptsError says why there is none."""
+    text = str(source).strip()
+    bundled = catalog.BUNDLED_DICTIONARIES.get(text)
+    path = bundled.path if bundled else Path(text).expanduser()
+    if not path.exists():
+        raise ConceptsError(f"{text} is no dictionary's folder here: an exemplar index is read from beside a "
+                            f"dictionary's files (a bundled dictionary's name, or a folder; one from the Hub has "
+                            f"none).")
+    folder = path if path.is_dir() else path.parent
+    files = sorted(folder.glob(f"{Path(FILE).stem}*.safetensors"))
+    if not files:
+        raise ConceptsError(f"{text} has no exemplar index ({FILE} in its folder) yet: `python -m vitviz concepts "
+                            f"exemplars {folder} --data DATA` builds one.")
+    refused, found = [], []
+    for file in files:
+        try:
+            index = load_exemplars(file, dictionary=dictionary)
+        except ConceptsError as e:
+            refused.append(str(e))
+            continue
+        if dictionary is not None:
+            return index
+        if model is None or index.model == model:
+            found.append(index)
+    if len(found) > 1:
+        raise ConceptsError(f"{folder} holds an exemplar index for each of {', '.join(str(e.model) for e in found)}: "
+                            f"say which model's.")
+    if found:
+        return found[0]
+    if len(refused) == 1 and len(files) == 1:
+        raise ConceptsError(refused[0])
+    if dictionary is None and model is None:
+        raise ConceptsError(f"None of the {len(files)} exemplar indexes in {folder} can be read: {refused[0]}")
+    whose = f"{dictionary.origin.model}'s dictionary" if dictionary is not None else model
+    raise ConceptsError(f"None of the {len(files)} exemplar indexes in {folder} was built from {whose}.")
 
 
 def _inconsistency(exemplars: Exemplars, header: dict) -> str | None:
