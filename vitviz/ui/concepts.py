@@ -111,8 +111,10 @@ def table_rows(found: gpu.Concepts, side: int) -> tuple[list[str], list[list[str
     does; a part the column lacks (no exemplar index, no class token, no removal) has no column."""
     column = found.columns[side]
     at_class = dict(column.class_top or ())
-    parts = [("concept", lambda k, c: str(c)), ("code", lambda k, c: f"{column.activation[k]:.2f}"),
-             ("photo", lambda k, c: percent(column.on_photo[k]))]
+    parts = [("concept", lambda k, c: str(c))]
+    if any(name.words for name in column.names):
+        parts.append(("name", lambda k, c: column.names[k].words))
+    parts += [("code", lambda k, c: f"{column.activation[k]:.2f}"), ("photo", lambda k, c: percent(column.on_photo[k]))]
     if column.frequency is not None:
         parts.append(("data", lambda k, c: percent(column.frequency[k])))
     if column.class_top is not None:
@@ -131,8 +133,10 @@ def table_rows(found: gpu.Concepts, side: int) -> tuple[list[str], list[list[str
 def table_words(run: ModelRun, found: gpu.Concepts, side: int) -> str:
     """The line above a column's table: what its numbers are."""
     column = found.columns[side]
-    words = [f"**{run.name}**, card by card: *code*, how strongly each fires on the photo; *photo*, on what share of "
-             f"its cells"]
+    named = any(name.words for name in column.names)
+    words = [f"**{run.name}**, card by card: " + (f"*name*, the classes of its top images in "
+                                                  f"{Path(column.data).name} (their shares); " if named else "")
+             + "*code*, how strongly each fires on the photo; *photo*, on what share of its cells"]
     if column.frequency is not None:
         words.append(f"*data*, of {Path(column.data).name}'s tokens")
     if column.partners is not None:
@@ -175,7 +179,7 @@ def card(run: ModelRun, column: gpu.ConceptReading, k: int, base: np.ndarray | N
     photo = cell_overlay(base, values, column.region, vmax=float(values.max()))
     images = () if column.exemplars is None else tuple(column.exemplars[k])
     tiles = exemplar_tiles(images, exemplar_layout(len(images))[1]) if images else ()
-    return concept_card(photo, tiles, title=f"concept {int(column.concepts[k])}")
+    return concept_card(photo, tiles, title=column.names[k].title)
 
 
 @lru_cache(maxsize=256)   # a concept's top images are the same whatever the photo: drawn once a process

@@ -22,6 +22,7 @@ from .boundary import gpu, models_of
 if TYPE_CHECKING:   # vitviz.concepts is imported where it is used: it brings scipy, a second of the server's start
     from ...concepts.analysis.exemplars import Exemplars
     from ...concepts.analysis.match import Matches
+    from ...concepts.analysis.names import ConceptName
     from ...concepts.analysis.photo import PhotoConcepts, Reader
 
 # a traced forward of each model and one forward of C + 1 rows (each shown concept removed), and a dictionary named
@@ -117,7 +118,8 @@ class ConceptReading:
     order: the photo's most active on the grid (`top`) and those most active at the class token (`class_top`, for
     a dictionary that reads it), or, with one dictionary across both models, those both fire first; for each its
     mean code over the grid, the share of the grid's cells it fires on, its map, its top images and how often it
-    fires over the data set of its exemplar index (None without an index: `exemplar_words` says why). `removal`:
+    fires over the data set of its exemplar index (None without an index: `exemplar_words` says why), and its name
+    from the classes of those top images (`names.concept_names`; its number alone without them). `removal`:
     the prediction with each removed (None: `removal_words` says why). `at_cells`: the concepts active at each
     cell (row-major), strongest first, as `PhotoConcepts.at` gives them. `partners`: with two separate
     dictionaries and their match, each shown concept's matched concept of the other model, their correlation and
@@ -140,6 +142,7 @@ class ConceptReading:
     exemplar_words: str
     frequency: np.ndarray | None   # C: the share of the data set's grid tokens each fires on
     data: str | None               # the exemplar index's data set
+    names: list[ConceptName]       # C
     removal: Removal | None
     removal_words: str
     partners: list[tuple[int, float, float] | None] | None = None
@@ -189,26 +192,18 @@ def bound_dictionaries_of(names: tuple[str, ...], sources: tuple[str, ...],
 
 @lru_cache(maxsize=32)   # a process reads each dictionary's index once (its checksum alone costs a pass)
 def exemplar_index(reader: Reader) -> tuple[Exemplars | None, str]:
-    """The exemplar index of `reader`'s dictionary in its folder (`exemplars.file_name`'s files: a dictionary across
-    models has one per model; the one built from these weights), or None and why not, in words."""
+    """The exemplar index of `reader`'s dictionary in its folder (`exemplars.index_in`: the one built from these
+    weights), or None and why not, in words."""
     from ...concepts import ConceptsError
-    from ...concepts.analysis.exemplars import file_name as exemplar_file, load_exemplars
+    from ...concepts.analysis.exemplars import index_in
 
     folder = dictionary_folder(reader.source)
     if folder is None:
         return None, f"{reader.source} comes from the Hub, where vitviz finds no exemplar index."
-    refused = []
-    for path in sorted(folder.glob(f"{Path(exemplar_file()).stem}*.safetensors")):
-        try:
-            return load_exemplars(path, dictionary=reader.dictionary), ""
-        except ConceptsError as e:
-            refused.append(str(e))
-    if len(refused) == 1:
-        return None, refused[0]
-    if refused:
-        return None, (f"None of the {len(refused)} exemplar indexes in {folder} was built from {reader.model}'s "
-                      f"dictionary.")
-    return None, f"{reader.source} has no exemplar index ({exemplar_file()} in its folder) yet."
+    try:
+        return index_in(folder, dictionary=reader.dictionary), ""
+    except ConceptsError as e:
+        return None, str(e)
 
 
 @lru_cache(maxsize=4096)   # the thumbnails of the concepts shown, decoded once a process
@@ -285,6 +280,8 @@ def own_concepts(photo: PhotoConcepts) -> np.ndarray:
 def column_reading(run: ModelRun, reader: Reader, photo: PhotoConcepts, shown: np.ndarray,
                    partners: list | None) -> ConceptReading:
     """One model's `ConceptReading` of the concepts `shown`, from its photo's codes."""
+    from ...concepts.analysis.names import concept_names
+
     index, exemplar_words = exemplar_index(reader)
     codes = photo.codes[:, shown]
     class_top = None if photo.class_top is None else [(int(c), float(photo.class_codes[c])) for c in photo.class_top]
@@ -296,7 +293,7 @@ def column_reading(run: ModelRun, reader: Reader, photo: PhotoConcepts, shown: n
         maps=codes.T.reshape(len(shown), *photo.grid), at_cells=[photo.at(cell) for cell in range(len(photo.codes))],
         exemplars=None if index is None else [exemplar_images(index, int(c), run, reader.block) for c in shown],
         exemplar_words=exemplar_words, frequency=None if index is None else index.frequency[shown].numpy(),
-        data=None if index is None else index.data, removal=removal(run, photo),
+        data=None if index is None else index.data, names=concept_names(index, shown), removal=removal(run, photo),
         removal_words=photo.no_removal or "", partners=partners)
 
 
