@@ -7,11 +7,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 from PIL import Image
+from safetensors.torch import load_file
 
 from vitviz import hub
 from vitviz.concepts import ConceptsError, load
 from vitviz.concepts.activations.align import align, in_photo, token_rectangles
-from vitviz.concepts.activations.cache import block_tokens, cache_activations
+from vitviz.concepts.activations.cache import block_tokens, cache_activations, cache_blocks
 from vitviz.concepts.build import alignment_of, cache_layers
 from vitviz.data import Dataset, open_folder
 from vitviz.preprocess import Transform
@@ -91,6 +92,38 @@ def test_the_cache_is_made_once_keyed_by_layer_and_resumes(vit, tmp_path, monkey
     forwards.clear()
     resumed = cache_activations(vit, data, block=-1, root=tmp_path / "small", progress=False)
     assert forwards == [1, 2] and torch.equal(resumed.tokens(), first.tokens())
+
+
+def test_several_blocks_are_cached_from_one_pass_as_each_alone(cvt, tmp_path, monkeypatch):
+    """`cache_blocks` traces each image once for every block asked, and each layer's folder is the one caching that
+    block alone makes, tensor for tensor; a block whose cache exists already costs no trace."""
+    data = in_memory(photos(5))
+    forwards = []
+    real = cvt.model.trace
+    monkeypatch.setattr(cvt.model, "trace", lambda *a, **k: forwards.append(a[0].shape[0]) or real(*a, **k))
+    both = cache_blocks(cvt, data, blocks=[1, -1], tokens=[None, "patch+cls"], root=tmp_path / "both", batch_size=2,
+                        progress=False)
+    assert forwards == [1, 2, 2, 1]   # the probe, then each run of images once
+    alone = [cache_activations(cvt, data, block=1, root=tmp_path / "alone", batch_size=2, progress=False),
+             cache_activations(cvt, data, block=-1, tokens="patch+cls", root=tmp_path / "alone", batch_size=2,
+                               progress=False)]
+    for layer, single in zip(both, alone):
+        assert layer.folder.name == single.folder.name and layer.layer == single.layer
+        for mine, its in zip(layer.shards, single.shards):
+            ours, theirs = load_file(mine), load_file(its)
+            assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    assert [layer.layer["tokens"] for layer in both] == ["patch", "patch+cls"] and both[1].layer["block"] == 8
+    forwards.clear()
+    cache_blocks(cvt, data, blocks=[1, -1, 3], tokens=[None, "patch+cls", None], root=tmp_path / "both",
+                 batch_size=2, progress=False)
+    assert forwards == [1, 2, 2, 1]   # block 3 was missing: one pass, which rewrites the others' same shards
+    forwards.clear()
+    cache_blocks(cvt, data, blocks=[1, 3], tokens=[None, None], root=tmp_path / "both", progress=False)
+    assert forwards == [1]
+    with pytest.raises(ConceptsError, match="one token kind for each block"):
+        cache_blocks(cvt, data, blocks=[1, 3], tokens=[None], root=tmp_path, progress=False)
+    with pytest.raises(ConceptsError, match="asked for twice"):
+        cache_blocks(cvt, data, blocks=[8, -1], tokens=[None, None], root=tmp_path, progress=False)
 
 
 def test_unreadable_images_are_skipped_and_counted(vit, tmp_path):
@@ -225,6 +258,16 @@ def test_the_train_command_writes_a_dictionary_that_knows_its_layer(tmp_path):
     assert main(["concepts", "train", "--models", "vit-cifar10", "--block", "9", "--data", str(folder),
                  "--cache", str(tmp_path / "cache"), "--out", str(out)]) == 2
 
+    depths = tmp_path / "depths"
+    common = ["--data", str(folder), "--k", "4", "--expansion", "2", "--batch-size", "512", "--steps", "3", "--cache",
+              str(tmp_path / "cache"), "--out", str(depths)]
+    assert main(["concepts", "train", "--models", "cvt-cifar10", "--block", "1", "-1", "--tokens", "patch",
+                 "patch+cls", *common]) == 0
+    first, last = load(depths / "block1"), load(depths / "block8")   # one dictionary per block
+    assert (first.block, first.origin.tokens, last.block, last.origin.tokens) == (1, "patch", 8, "patch+cls")
+    assert main(["concepts", "train", "--models", "cvt-cifar10", "--block", "1", "3", "--tokens", "patch", "patch",
+                 "patch", *common]) == 2   # three kinds for two blocks
+    assert main(["concepts", "train", "--models", "cvt-cifar10", "--block", "1", "1", *common]) == 2
 
 @pytest.mark.slow
 def test_caching_and_training_under_torchrun_equal_one_process(tmp_path, monkeypatch):

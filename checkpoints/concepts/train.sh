@@ -30,3 +30,4 @@ done
 python -m vitviz concepts match "$OUT/vit-cifar10-last" "$OUT/cvt-cifar10-last" --data "$DATA" --split test \
   --limit 1000 --out "$OUT/match-vit-cifar10-last-cvt-cifar10-last"
 python checkpoints/concepts/figure.py   # the README's two figures of what the four-way dictionary finds
+bash checkpoints/concepts/depths.sh   # the dictionaries at several depths the circuits read

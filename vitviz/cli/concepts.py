@@ -1,5 +1,5 @@
-"""`vitviz concepts train / exemplars / evaluate / match`: concept dictionaries (`vitviz.concepts`; what each
-command does is `vitviz.concepts.build`'s and `vitviz.concepts.analysis.match`'s)."""
+"""`vitviz concepts train / exemplars / evaluate / match / names`: concept dictionaries (`vitviz.concepts`; what
+each command does is `vitviz.concepts.build`'s and `vitviz.concepts.analysis`'s `match` and `names`)."""
 from __future__ import annotations
 
 import json
@@ -15,14 +15,21 @@ from .common import DATA_HELP, UsageError, prepare_out
 
 def cmd_concepts_train(args) -> int:
     from ..concepts import ConceptsError
-    from ..concepts.build import cache_layers, train_layers
+    from ..concepts.build import block_dictionaries, cache_layers, train_layers
     from ..data import open_data, spread
 
     out = prepare_out(Path(args.out))
+    per_block = len(args.models) == 1 and len(args.block) > 1
     blocks = args.block * len(args.models) if len(args.block) == 1 else args.block
-    if len(blocks) != len(args.models):
+    if len(blocks) != len(args.models) and not per_block:
         raise UsageError(f"--block takes one block for every model, or one per model: {len(args.block)} given for "
                          f"{len(args.models)} models")
+    tokens = args.tokens or [None]
+    if len(tokens) not in (1, len(args.block) if per_block else 1):
+        raise UsageError(f"--tokens takes one kind, or with several blocks of one model one per block: "
+                         f"{len(tokens)} given for {len(args.block)} blocks")
+    if per_block and len(set(args.block)) != len(args.block):
+        raise UsageError(f"--block names a block twice: {' '.join(map(str, args.block))}")
     if args.limit is not None and args.limit < 1:
         raise UsageError(f"--limit must be at least 1, not {args.limit}")
     data = open_data(args.data, split=args.split)
@@ -34,18 +41,26 @@ def cmd_concepts_train(args) -> int:
         with process_ranks(args.device) as ranks, warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)   # a poor fit is said below, in the command's own words
             loaded = [hub.load(name, device=ranks.device) for name in args.models]
-            layers = cache_layers(loaded, data, blocks=blocks, tokens=args.tokens, root=args.cache,
-                                  indices=spread(len(data), args.limit), ranks=ranks)
-            record = train_layers(loaded, layers, out=out, leader=ranks.leader, device=ranks.device,
-                                  **settings).training_record
+            indices = spread(len(data), args.limit)
+            if per_block:
+                kinds = tokens * (len(blocks) // len(tokens))   # one for all, or one per block
+                trained = block_dictionaries(loaded[0], data, blocks=blocks, tokens=kinds, root=args.cache,
+                                             indices=indices, ranks=ranks, out=out, **settings)
+            else:
+                layers = cache_layers(loaded, data, blocks=blocks, tokens=tokens[0], root=args.cache, indices=indices,
+                                      ranks=ranks)
+                trained = {out: train_layers(loaded, layers, out=out, leader=ranks.leader, device=ranks.device,
+                                             **settings)}
     except ConceptsError as e:
         raise UsageError(str(e)) from None
-    fvu = record["fvu"] if isinstance(record["fvu"], dict) else {args.models[0]: record["fvu"]}
-    print(f"trained {record['steps']} steps ({record['epochs']} passes over the data, {record['tokens']:,} tokens); "
-          f"FVU on its training tokens: " + ", ".join(f"{model} {value:.3f}" for model, value in fvu.items()))
-    if "warning" in record:
-        print(f"warning: {record['warning']}", file=sys.stderr)
-    print(f"wrote the dictionary to {out}")
+    for folder, dictionary in trained.items():
+        record = dictionary.training_record
+        fvu = record["fvu"] if isinstance(record["fvu"], dict) else {args.models[0]: record["fvu"]}
+        print(f"trained {record['steps']} steps ({record['epochs']} passes over the data, {record['tokens']:,} "
+              f"tokens); FVU on its training tokens: " + ", ".join(f"{m} {value:.3f}" for m, value in fvu.items()))
+        if "warning" in record:
+            print(f"warning: {record['warning']}", file=sys.stderr)
+        print(f"wrote the dictionary to {folder}")
     return 0
 
 
@@ -104,6 +119,7 @@ def cmd_concepts_evaluate(args) -> int:
 def cmd_concepts_match(args) -> int:
     from ..concepts import ConceptsError, load
     from ..concepts.analysis.match import Side, match
+    from ..concepts.analysis.names import dictionary_names
     from ..data import open_data, spread
 
     if args.limit is not None and args.limit < 1:
@@ -121,10 +137,52 @@ def cmd_concepts_match(args) -> int:
         matches.save(out)
     except ConceptsError as e:
         raise UsageError(str(e)) from None
-    best = ", ".join(f"{int(a)}-{int(b)} ({r:.2f})" for (a, b), r in zip(matches.pairs[:5].tolist(),
-                                                                         matches.correlation[:5].tolist()))
-    print(f"{len(matches.pairs)} pairs over {matches.rows} cells of {matches.images} images; the closest: {best}")
+    closest = matches.pairs[:5].tolist()
+    names = [dictionary_names(source, side.dictionary, [pair[i] for pair in closest])
+             for i, (source, side) in enumerate(zip((args.a, args.b), sides))]
+    print(f"{len(matches.pairs)} pairs over {matches.rows} cells of {matches.images} images; the closest:")
+    for a, b, r in zip(*names, matches.correlation[:5].tolist()):
+        print(f"  {a.title}  ~  {b.title}  ({r:.2f})")
     print(f"wrote {out}")
+    return 0
+
+
+def cmd_concepts_names(args) -> int:
+    from ..concepts import Across, ConceptsError, load
+    from ..concepts.analysis.exemplars import index_in
+    from ..concepts.analysis.names import MIN_SHARE, concept_names, nearest_words, word_list
+
+    by_words = args.clip or args.words is not None
+    try:
+        dictionary = load(args.dictionary)
+        if isinstance(dictionary, Across):
+            if args.model is None:
+                raise UsageError(f"{args.dictionary} is one dictionary across {', '.join(dictionary.models)}: say "
+                                 f"which model's concepts to name (--model)")
+            dictionary = dictionary.dictionary(args.model)
+        concepts = args.concepts or range(dictionary.n_concepts)
+        try:
+            index = index_in(args.dictionary, dictionary=dictionary)
+        except ConceptsError:
+            if not by_words:
+                raise
+            index = None   # named by the words alone
+        names = concept_names(index, concepts)
+        if by_words:
+            nearest = nearest_words(dictionary, hub.load(dictionary.model, device=args.device), concepts=concepts,
+                                    words=None if args.words is None else word_list(args.words), top=args.top)
+    except ConceptsError as e:
+        raise UsageError(str(e)) from None
+    if index is not None:
+        print(f"{index.model}'s concepts by the classes of their top {index.top} images in {Path(index.data).name} "
+              f"(a class named where {100 * MIN_SHARE:.0f} % of them or more are of it)"
+              + (", and by the nearest words in CLIP's joint space (cosine):" if by_words else ":"))
+    else:
+        print(f"{dictionary.model}'s concepts by the nearest words in CLIP's joint space (cosine; no exemplar index "
+              f"names their classes):")
+    for k, name in enumerate(names):
+        words = f"  [{', '.join(f'{word} {cosine:.2f}' for word, cosine in nearest[k])}]" if by_words else ""
+        print(name.title + words)
     return 0
 
 
@@ -142,9 +200,11 @@ def add_parser(sub) -> None:
                                                               "dictionary across them, on their aligned grids")
     t.add_argument("--block", nargs="+", type=int, default=[-1],
                    help="the block whose output tokens are read (from 0; negative from the end): one for every "
-                        "model or one per model (default: the last)")
-    t.add_argument("--tokens", default=None, choices=CONCEPT_TOKENS,
-                   help="which tokens: patch (default; a CNN's are its positions), cls, patch+cls")
+                        "model or one per model (default: the last); with one model, several blocks train one "
+                        "dictionary per block from one pass over the data, into OUT/block<N>")
+    t.add_argument("--tokens", nargs="+", default=None, choices=CONCEPT_TOKENS,
+                   help="which tokens: patch (default; a CNN's are its positions), cls, patch+cls; with several "
+                        "blocks of one model, one kind for all or one per block")
     t.add_argument("--data", required=True, help=DATA_HELP)
     t.add_argument("--split", default="train", help="the .npz's split to read (default: train)")
     t.add_argument("--limit", type=int, default=None, help="at most this many images, spread evenly over the data")
@@ -204,3 +264,14 @@ def add_parser(sub) -> None:
     h.add_argument("--matrix", action="store_true", help="also keep every pair's correlation (n_a x n_b float64)")
     h.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     h.set_defaults(run=cmd_concepts_match)
+    m = commands.add_parser("names", help="each concept's name from the classes of its top images (its exemplar "
+                                          "index); for a CLIP dictionary, the nearest words by CLIP")
+    m.add_argument("dictionary", help="the dictionary (a bundled name, or its folder, with its exemplar index)")
+    m.add_argument("--model", default=None, help="of a dictionary across models, the model whose concepts to name")
+    m.add_argument("--concepts", nargs="+", type=int, default=None, help="these concepts alone (default: all)")
+    m.add_argument("--clip", action="store_true", help="a dictionary of a CLIP image tower: also the words of "
+                                                       "vitviz's list nearest to each concept in CLIP's joint space")
+    m.add_argument("--words", default=None, metavar="FILE", help="with CLIP, this word list instead (one a line)")
+    m.add_argument("--top", type=int, default=3, help="with CLIP, words given per concept (default 3)")
+    m.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    m.set_defaults(run=cmd_concepts_names)

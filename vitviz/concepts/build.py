@@ -29,7 +29,7 @@ from ..distributed import Ranks
 from ..files import write_atomic
 from .activations.align import Alignment, align, in_photo
 from .activations.batches import Activations, token_count
-from .activations.cache import Cached, cache_activations
+from .activations.cache import Cached, cache_activations, cache_blocks
 from .activations.stream import BUFFER, ShardStream
 from .files.own import FILE, save
 from .kinds.dictionary import ConceptsError
@@ -86,6 +86,23 @@ def cache_layers(loaded: Sequence, data: Dataset, *, blocks: Sequence[int], toke
         raise ConceptsError("A dictionary across models aligns the models' grids on the photo, and this data set's "
                             "images differ in size; resize them to one size first (or train one model at a time).")
     return Layers(cached, alignment_of(loaded, cached, tuple(int(v) for v in sizes[0])))
+
+
+def block_dictionaries(loaded, data: Dataset, *, blocks: Sequence[int], tokens: Sequence[str | None],
+                       root: str | Path, indices: Sequence[int] | None, out: str | Path, ranks: Ranks | None = None,
+                       progress: bool = True, **settings) -> dict[Path, object]:
+    """One dictionary for each of several blocks of one model (`tokens[i]` read at `blocks[i]`), every layer cached
+    from one pass over the data (`cache_blocks`), each trained with `settings` (`train_layers`' keywords) into
+    `out/block<N>` (N counted from 0): the dictionaries at several depths a circuit reads. -> {folder: dictionary}."""
+    cached = cache_blocks(loaded, data, blocks=blocks, tokens=tokens, root=root, indices=indices, ranks=ranks,
+                          progress=progress)
+    on = {} if ranks is None else {"leader": ranks.leader, "device": ranks.device}
+    trained = {}
+    for layer in cached:
+        folder = Path(out) / f"block{layer.block}"
+        trained[folder] = train_layers([loaded], Layers((layer,), None), out=folder, progress=progress, **on,
+                                       **settings)
+    return trained
 
 
 def train_layers(loaded: Sequence, layers: Layers, *, out: str | Path, leader: bool = True, progress: bool = True,

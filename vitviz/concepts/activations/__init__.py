@@ -3,6 +3,6 @@ and their cache on disk (`cache.py`, `cache_activations`); two or more models' g
 share (`align.py`); tensors or iterables cut into batches of tokens, and several models' aligned batches side by
 side (`batches.py`); a cached layer streamed shard by shard (`stream.py`); the reductions over torchrun's ranks that
 make a data-parallel training step one process's (`parallel.py`)."""
-from .cache import cache_activations
+from .cache import cache_activations, cache_blocks
 
-__all__ = ["cache_activations"]
+__all__ = ["cache_activations", "cache_blocks"]

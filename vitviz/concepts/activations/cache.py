@@ -188,35 +188,61 @@ def cache_activations(loaded, data: Dataset, *, block: int, tokens: str | None =
     images `indices` of `data` (default all), made once into the cache under `root` and read from there after.
     A progress bar (stderr) counts the images; `ranks` (from `distributed.ranks()`) shares the shards out;
     `workers` decode and preprocess (default: none on the CPU, up to 8 with a GPU)."""
+    return cache_blocks(loaded, data, blocks=[block], tokens=[tokens], root=root, indices=indices,
+                        batch_size=batch_size, ranks=ranks, workers=workers, progress=progress)[0]
+
+
+def cache_blocks(loaded, data: Dataset, *, blocks: Sequence[int], tokens: Sequence[str | None], root: str | Path,
+                 indices: Sequence[int] | None = None, batch_size: int = 128, ranks: Ranks | None = None,
+                 workers: int | None = None, progress: bool = True) -> list[Cached]:
+    """`cache_activations` of several blocks of one model (`tokens[i]` the kind read at `blocks[i]`) from one pass
+    over the data: each image is traced once and every layer's missing shard written from that trace. Each layer
+    keeps its own folder and key, so it is the same cache, number for number, as caching that block alone."""
     indices = list(range(len(data))) if indices is None else list(indices)
     if not indices:
         raise ConceptsError("There are no images to read activations from.")
+    if len(tokens) != len(blocks):
+        raise ConceptsError(f"Give one token kind for each block: {len(tokens)} for {len(blocks)} blocks.")
     probe = _probe(loaded)
-    index = block_index(probe, block)
-    tokens = tokens or default_tokens(probe.blocks[index])
-    check_tokens(probe.blocks[index], tokens, index)
-    layer = {"version": CACHE_VERSION, "model": model_identity(loaded), "block": index, "tokens": tokens,
-             "preprocessing": preprocessing(loaded), "data": data_identity(data, indices)}
-    key = hashlib.sha256(json.dumps(layer, sort_keys=True).encode()).hexdigest()
-    folder = Path(root) / f"{safe_name(loaded.name)}-block{index}-{tokens}-{key[:16]}"
+    layers = []
+    for block, kind in zip(blocks, tokens):
+        index = block_index(probe, block)
+        kind = kind or default_tokens(probe.blocks[index])
+        check_tokens(probe.blocks[index], kind, index)
+        layers.append((index, kind))
+    if len(set(layers)) != len(layers):
+        raise ConceptsError("The same block and tokens are asked for twice.")
     chunks = [indices[start:start + SHARD_IMAGES] for start in range(0, len(indices), SHARD_IMAGES)]
-    shards = [folder / f"shard-{number:05d}.safetensors" for number in range(len(chunks))]
+    described = []
+    for index, kind in layers:
+        layer = {"version": CACHE_VERSION, "model": model_identity(loaded), "block": index, "tokens": kind,
+                 "preprocessing": preprocessing(loaded), "data": data_identity(data, indices)}
+        key = hashlib.sha256(json.dumps(layer, sort_keys=True).encode()).hexdigest()
+        folder = Path(root) / f"{safe_name(loaded.name)}-block{index}-{kind}-{key[:16]}"
+        shards = tuple(folder / f"shard-{number:05d}.safetensors" for number in range(len(chunks)))
+        described.append((layer, key, folder, shards, tuple(block_tokens(probe, index, kind).shape[1:])))
     ranks = ranks or Ranks(0, 1, loaded.device)
-    selected = block_tokens(probe, index, tokens)
-    empty = tuple(selected.shape[1:])
-    mine = [(chunk, shard) for chunk, shard in ranks.mine(list(zip(chunks, shards))) if not shard.exists()]
-    bar = tqdm(total=sum(len(chunk) for chunk, _ in mine), desc=f"activations of {loaded.name} block {index}",
-               unit="image", disable=not progress or not mine, mininterval=1)
+    # a chunk is traced where any layer lacks its shard; every layer's shard of it is then written
+    jobs = [(chunk, [shards[number] for _, _, _, shards, _ in described])
+            for number, chunk in enumerate(chunks)]
+    mine = [(chunk, shards) for chunk, shards in ranks.mine(jobs) if not all(shard.exists() for shard in shards)]
+    names = ", ".join(str(index) for index, _ in layers)
+    bar = tqdm(total=sum(len(chunk) for chunk, _ in mine),
+               desc=f"activations of {loaded.name} block{'s' * (len(layers) > 1)} {names}", unit="image",
+               disable=not progress or not mine, mininterval=1)
     with bar:
-        _write_shards(mine, loaded, data, index, tokens, batch_size, empty, default_workers(loaded.device, workers),
-                      bar.update)
+        _write_shards(mine, loaded, data, layers, batch_size, [empty for *_, empty in described],
+                      default_workers(loaded.device, workers), bar.update)
     ranks.gather("")   # a barrier: every rank's shards are on disk
-    geometry = _geometry(probe, index, tokens)
-    description = {**layer, "key": key, "d": empty[1], "tokens_per_image": empty[0], **geometry}
-    if ranks.leader and not (folder / LAYER_FILE).exists():
-        write_atomic(folder / LAYER_FILE, json.dumps(description, indent=1).encode())
-    skipped = sum(len(chunk) - shard_images(shard) for chunk, shard in zip(chunks, shards))
-    return Cached(folder=folder, layer=description, shards=tuple(shards), skipped=skipped)
+    cached = []
+    for (index, kind), (layer, key, folder, shards, empty) in zip(layers, described):
+        description = {**layer, "key": key, "d": empty[1], "tokens_per_image": empty[0],
+                       **_geometry(probe, index, kind)}
+        if ranks.leader and not (folder / LAYER_FILE).exists():
+            write_atomic(folder / LAYER_FILE, json.dumps(description, indent=1).encode())
+        skipped = sum(len(chunk) - shard_images(shard) for chunk, shard in zip(chunks, shards))
+        cached.append(Cached(folder=folder, layer=description, shards=shards, skipped=skipped))
+    return cached
 
 
 def _probe(loaded) -> Trace:
@@ -267,10 +293,12 @@ def _batch(decoded: list) -> tuple[Tensor | None, list[int], list[tuple[int, int
     return pixels, [item[1] for item in kept], [item[2] for item in kept], len(decoded)
 
 
-def _write_shards(mine: Sequence[tuple[Sequence[int], Path]], loaded, data: Dataset, index: int, tokens: str,
-                  batch_size: int, empty: tuple[int, int], workers: int, advance: Callable[[int], None]) -> None:
-    """Each (chunk, shard): the chunk's images through the model in runs of `batch_size` (the unreadable ones
-    dropped; `empty`: the n, d of a shard with no image), the shard written by a background thread."""
+def _write_shards(mine: Sequence[tuple[Sequence[int], Sequence[Path]]], loaded, data: Dataset,
+                  layers: Sequence[tuple[int, str]], batch_size: int, empty: Sequence[tuple[int, int]], workers: int,
+                  advance: Callable[[int], None]) -> None:
+    """Each (chunk, one shard per layer): the chunk's images through the model in runs of `batch_size` (the
+    unreadable ones dropped; `empty`: each layer's n, d of a shard with no image), every layer's (block index,
+    tokens) read from the one trace, the shards written by a background thread."""
     runs = [(number, chunk[start:start + batch_size]) for number, (chunk, _) in enumerate(mine)
             for start in range(0, len(chunk), batch_size)]
     if not runs:
@@ -281,7 +309,7 @@ def _write_shards(mine: Sequence[tuple[Sequence[int], Path]], loaded, data: Data
         num_workers=workers, pin_memory=on_gpu, prefetch_factor=4 if workers else None,
         multiprocessing_context="fork" if workers else None)
     last_run = {number: position for position, (number, _) in enumerate(runs)}   # where each shard is complete
-    parts: list[tuple[Tensor, list[int], list[tuple[int, int]]]] = []
+    parts: list[tuple[list[Tensor], list[int], list[tuple[int, int]]]] = []
     written: Future | None = None
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="vitviz-shards") as writer:
         for position, ((number, _), (pixels, kept, sizes, asked)) in enumerate(zip(runs, loader)):
@@ -289,32 +317,36 @@ def _write_shards(mine: Sequence[tuple[Sequence[int], Path]], loaded, data: Data
                 with torch.inference_mode():
                     trace = loaded.model.trace(pixels.to(loaded.device, non_blocking=True), attention=False)
                     # non-blocking into pinned memory on a GPU: the writer waits for the copy, not this loop
-                    parts.append((block_tokens(trace, index, tokens).float().to("cpu", non_blocking=on_gpu),
-                                  kept, sizes))
+                    parts.append(([block_tokens(trace, index, tokens).float().to("cpu", non_blocking=on_gpu)
+                                   for index, tokens in layers], kept, sizes))
             advance(asked)
             if position == last_run[number]:
                 copied = torch.cuda.Event() if on_gpu else None
                 if copied is not None:
                     copied.record()
                 if written is not None:
-                    written.result()   # one shard in the writer's hands at a time: memory stays bounded
-                written = writer.submit(_write_shard, mine[number], parts, copied, empty)
+                    written.result()   # one chunk in the writer's hands at a time: memory stays bounded
+                written = writer.submit(_write_chunk, mine[number], parts, copied, empty)
                 parts = []
         if written is not None:
             written.result()
 
 
-def _write_shard(job: tuple[Sequence[int], Path], parts: list, copied, empty: tuple[int, int]) -> None:
-    """A shard's file from its runs' tokens, once the device has copied them (`copied`: a CUDA event)."""
-    chunk, shard = job
+def _write_chunk(job: tuple[Sequence[int], Sequence[Path]], parts: list, copied,
+                 empty: Sequence[tuple[int, int]]) -> None:
+    """A chunk's shard of every layer from its runs' tokens, once the device has copied them (`copied`: a CUDA
+    event)."""
+    chunk, shards = job
     if copied is not None:
         copied.synchronize()
     kept = [i for _, indices, _ in parts for i in indices]
     sizes = [size for _, _, run_sizes in parts for size in run_sizes]
-    tensors = {"tokens": torch.cat([rows for rows, _, _ in parts]).contiguous() if parts else torch.zeros(0, *empty),
-               "images": torch.tensor(kept, dtype=torch.int64),
-               "sizes": torch.tensor(sizes, dtype=torch.int32).reshape(-1, 2)}
-    write_atomic(shard, save_tensors(tensors, metadata={"images": str(len(kept)), "asked": str(len(chunk))}))
+    for layer, shard in enumerate(shards):
+        rows = [layers[layer] for layers, _, _ in parts]
+        tensors = {"tokens": torch.cat(rows).contiguous() if rows else torch.zeros(0, *empty[layer]),
+                   "images": torch.tensor(kept, dtype=torch.int64),
+                   "sizes": torch.tensor(sizes, dtype=torch.int32).reshape(-1, 2)}
+        write_atomic(shard, save_tensors(tensors, metadata={"images": str(len(kept)), "asked": str(len(chunk))}))
 
 
 def shard_images(shard: Path) -> int:
