@@ -20,6 +20,7 @@ from vitviz.concepts import TopK, save
 from vitviz.concepts.activations.cache import cache_activations
 from vitviz.concepts.analysis.exemplars import exemplars_of, load_exemplars, save_exemplars
 from vitviz.concepts.analysis.match import Matches
+from vitviz.concepts.analysis.names import concept_names
 from vitviz.concepts.analysis.photo import ACROSS_REMOVAL, readers, shared_concepts
 from vitviz.concepts.files.across import save_across
 from vitviz.concepts.kinds.across import Across
@@ -131,6 +132,7 @@ def test_the_cards_draw_photo_pys_reading_its_exemplars_and_removals_on_the_bund
     key = explained()
     concepts.exemplar_tiles.cache_clear()   # drawn here, not by an earlier test
     overlays, tiles = recording(monkeypatch, "cell_overlay"), recording(monkeypatch, "exemplar_tile")
+    drawn = recording(monkeypatch, "concept_card")
     shown = concepts.render_concepts(key, *allowed)
     kept = shared.session(key).reading(("concepts", *allowed))
     for side, (name, source, cards) in enumerate(zip(PAIR, allowed, (shown.concepts_a, shown.concepts_b))):
@@ -155,6 +157,12 @@ def test_the_cards_draw_photo_pys_reading_its_exemplars_and_removals_on_the_bund
         assert column.frequency == pytest.approx(index.frequency[order].numpy())
         removed, rows = reference.removed.tolist(), table_of((shown.words_a, shown.words_b)[side])
         assert [row["concept"] for row in rows] == [str(c) for c in order]   # a row per card, in the cards' order
+        # each card titled, and each row named, by the classes of its concept's top images (the photos' names)
+        names, (cards_drawn, drawn) = concept_names(index, order), (drawn[:len(order)], drawn[len(order):])
+        assert [options["title"] for _, options in cards_drawn] == [name.title for name in names]
+        assert [row["name"] for row in rows] == [name.words for name in names]
+        assert all(name.title.startswith(f"#{c} ") for name, c in zip(names, order) if name.words)
+        assert any(name.classes for name in names), "the example photos' classes name no concept shown"
         for row, concept in zip(rows, order):
             k = removed.index(concept)
             assert column.removal.without[concept] == (pytest.approx(float(reference.without[k])),
@@ -244,6 +252,7 @@ def test_one_dictionary_across_both_models_shows_the_same_concepts_in_both_colum
     for words, only in ((shown.words_a, only_a), (shown.words_b, only_b)):
         assert {row["concept"]: row["both models"] for row in table_of(words)} == {
             **{str(c): "both" for c in both}, **{str(c): "only this one" for c in only}}
+        assert all("name" not in row for row in table_of(words))   # no exemplar index: called by their numbers
     assert "One dictionary across both models" in shown.note and "has no exemplar index" in shown.note
 
 
