@@ -15,14 +15,21 @@ from .common import DATA_HELP, UsageError, prepare_out
 
 def cmd_concepts_train(args) -> int:
     from ..concepts import ConceptsError
-    from ..concepts.build import cache_layers, train_layers
+    from ..concepts.build import block_dictionaries, cache_layers, train_layers
     from ..data import open_data, spread
 
     out = prepare_out(Path(args.out))
+    per_block = len(args.models) == 1 and len(args.block) > 1
     blocks = args.block * len(args.models) if len(args.block) == 1 else args.block
-    if len(blocks) != len(args.models):
+    if len(blocks) != len(args.models) and not per_block:
         raise UsageError(f"--block takes one block for every model, or one per model: {len(args.block)} given for "
                          f"{len(args.models)} models")
+    tokens = args.tokens or [None]
+    if len(tokens) not in (1, len(args.block) if per_block else 1):
+        raise UsageError(f"--tokens takes one kind, or with several blocks of one model one per block: "
+                         f"{len(tokens)} given for {len(args.block)} blocks")
+    if per_block and len(set(args.block)) != len(args.block):
+        raise UsageError(f"--block names a block twice: {' '.join(map(str, args.block))}")
     if args.limit is not None and args.limit < 1:
         raise UsageError(f"--limit must be at least 1, not {args.limit}")
     data = open_data(args.data, split=args.split)
@@ -34,18 +41,26 @@ def cmd_concepts_train(args) -> int:
         with process_ranks(args.device) as ranks, warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)   # a poor fit is said below, in the command's own words
             loaded = [hub.load(name, device=ranks.device) for name in args.models]
-            layers = cache_layers(loaded, data, blocks=blocks, tokens=args.tokens, root=args.cache,
-                                  indices=spread(len(data), args.limit), ranks=ranks)
-            record = train_layers(loaded, layers, out=out, leader=ranks.leader, device=ranks.device,
-                                  **settings).training_record
+            indices = spread(len(data), args.limit)
+            if per_block:
+                kinds = tokens * (len(blocks) // len(tokens))   # one for all, or one per block
+                trained = block_dictionaries(loaded[0], data, blocks=blocks, tokens=kinds, root=args.cache,
+                                             indices=indices, ranks=ranks, out=out, **settings)
+            else:
+                layers = cache_layers(loaded, data, blocks=blocks, tokens=tokens[0], root=args.cache, indices=indices,
+                                      ranks=ranks)
+                trained = {out: train_layers(loaded, layers, out=out, leader=ranks.leader, device=ranks.device,
+                                             **settings)}
     except ConceptsError as e:
         raise UsageError(str(e)) from None
-    fvu = record["fvu"] if isinstance(record["fvu"], dict) else {args.models[0]: record["fvu"]}
-    print(f"trained {record['steps']} steps ({record['epochs']} passes over the data, {record['tokens']:,} tokens); "
-          f"FVU on its training tokens: " + ", ".join(f"{model} {value:.3f}" for model, value in fvu.items()))
-    if "warning" in record:
-        print(f"warning: {record['warning']}", file=sys.stderr)
-    print(f"wrote the dictionary to {out}")
+    for folder, dictionary in trained.items():
+        record = dictionary.training_record
+        fvu = record["fvu"] if isinstance(record["fvu"], dict) else {args.models[0]: record["fvu"]}
+        print(f"trained {record['steps']} steps ({record['epochs']} passes over the data, {record['tokens']:,} "
+              f"tokens); FVU on its training tokens: " + ", ".join(f"{m} {value:.3f}" for m, value in fvu.items()))
+        if "warning" in record:
+            print(f"warning: {record['warning']}", file=sys.stderr)
+        print(f"wrote the dictionary to {folder}")
     return 0
 
 
@@ -185,9 +200,11 @@ def add_parser(sub) -> None:
                                                               "dictionary across them, on their aligned grids")
     t.add_argument("--block", nargs="+", type=int, default=[-1],
                    help="the block whose output tokens are read (from 0; negative from the end): one for every "
-                        "model or one per model (default: the last)")
-    t.add_argument("--tokens", default=None, choices=CONCEPT_TOKENS,
-                   help="which tokens: patch (default; a CNN's are its positions), cls, patch+cls")
+                        "model or one per model (default: the last); with one model, several blocks train one "
+                        "dictionary per block from one pass over the data, into OUT/block<N>")
+    t.add_argument("--tokens", nargs="+", default=None, choices=CONCEPT_TOKENS,
+                   help="which tokens: patch (default; a CNN's are its positions), cls, patch+cls; with several "
+                        "blocks of one model, one kind for all or one per block")
     t.add_argument("--data", required=True, help=DATA_HELP)
     t.add_argument("--split", default="train", help="the .npz's split to read (default: train)")
     t.add_argument("--limit", type=int, default=None, help="at most this many images, spread evenly over the data")
