@@ -25,7 +25,8 @@ concept at a time. The rooms, in the order the work flows:
   `across.py` (`train_across`), through one loop, `loop.py` (the schedule, checkpoints that resume exactly);
 - `analysis/`: `metrics.py` (`across.py`: an across dictionary's), `splice.py` (spliced-in agreement and KL,
   removing a concept), `match.py` (pairing two dictionaries' concepts), `exemplars.py` (each concept's top
-  images) and `photo.py` (one photo's concepts);
+  images), `names.py` (a name for each concept from its top images' classes, or CLIP's nearest words) and
+  `photo.py` (one photo's concepts);
 - `files/`: `load` (`__init__.py`, through the reader of each layout: `layout.Reader`), `own.py` (vitviz's
   format), `across.py` (an across dictionary's folder), one reader per published layout (`saelens.py`,
   `saev.py`, `prisma.py`, sharing `layout.py`) and the Hub (`hub.py`);

@@ -2,8 +2,8 @@
 of a CLIP image tower, the words of a stated list nearest to it in CLIP's joint space.
 
     names = concept_names(index_in("vit-cifar10-last"))   # one `ConceptName` per concept of the exemplar index
-    names[394].title    # '#394 airplane 60 %, ship 40 %'   ('concept 394' where it has no name)
-    names[394].words    # 'airplane 60 %, ship 40 %'        ('' then)
+    names[165].title    # '#165 automobile 60 %, airplane 40 %'   ('concept 165' where it has no name)
+    names[165].words    # 'automobile 60 %, airplane 40 %'        ('' then)
     concept_names(index, [3, 17])                          # concepts 3 and 17 alone
     concept_names(None, [3, 17])                           # no index: 'concept 3', 'concept 17'
     dictionary_names("vit-cifar10-last", dictionary)      # from the index beside a dictionary (or its folder)
@@ -91,7 +91,7 @@ class ConceptName:
 
     @property
     def title(self) -> str:
-        """The number beside the name, '#394 airplane 60 %, ship 40 %', or the number alone, 'concept 394'."""
+        """The number beside the name, '#165 automobile 60 %, airplane 40 %', or the number alone, 'concept 165'."""
         return f"#{self.concept} {self.words}" if self.words else f"concept {self.concept}"
 
     def __str__(self) -> str:
