@@ -128,7 +128,7 @@ def test_the_wheel_holds_every_module_the_bundled_models_and_vitviz_version(whee
         metadata = archive.read(f"vitviz-{vitviz.__version__}.dist-info/METADATA").decode()
     modules = {str(p.relative_to(ROOT)) for p in (ROOT / "vitviz").rglob("*.py")}
     assert modules <= names, sorted(modules - names)
-    assert "vitviz/render/colormaps.npz" in names
+    assert {"vitviz/render/colormaps.npz", "vitviz/concepts/analysis/words.txt"} <= names
     for entry in catalog.bundled():
         assert {f"vitviz/checkpoints/{entry.source}/config.json",
                 f"vitviz/checkpoints/{entry.source}/model.safetensors"} <= names, entry.name
