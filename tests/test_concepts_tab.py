@@ -406,6 +406,7 @@ def test_concepts_is_one_documented_endpoint_and_answers_from_a_real_client(serv
     assert "moves the prediction most" in note and "No exemplar images" not in note and point == concepts.POINT_WORDS
     for name, words, cards in zip(PAIR, (words_a, words_b), (cards_a, cards_b)):
         assert words.startswith(f"**{name}**, card by card") and len(table_of(words)) == len(cards)
+        assert all(row["name"] for row in table_of(words))   # the bundled indexes' CIFAR-10 classes name each
     note, cards_a, cards_b, *_ = client.predict("", "vit-cifar10-last", api_name="/concepts")
     assert "No dictionary is chosen for vit-cifar10" in note and cards_a == cards_b == []
 
