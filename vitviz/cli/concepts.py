@@ -95,6 +95,7 @@ def cmd_concepts_exemplars(args) -> int:
 
 def cmd_concepts_evaluate(args) -> int:
     from ..concepts import ConceptsError, load
+    from ..concepts.analysis.means import save_means
     from ..concepts.build import METRICS, evaluate_dictionary
     from ..data import open_data, spread
 
@@ -105,7 +106,8 @@ def cmd_concepts_evaluate(args) -> int:
         dictionary = load(args.dictionary)
         names = getattr(dictionary, "models", None) or [dictionary.model]
         loaded = [hub.load(name, device=args.device) for name in names]
-        report = evaluate_dictionary(loaded, dictionary, data, root=args.cache, indices=spread(len(data), args.limit))
+        report, means = evaluate_dictionary(loaded, dictionary, data, root=args.cache,
+                                            indices=spread(len(data), args.limit))
     except ConceptsError as e:
         raise UsageError(str(e)) from None
     out = Path(args.out) if args.out else (Path(args.dictionary) / METRICS)
@@ -113,6 +115,8 @@ def cmd_concepts_evaluate(args) -> int:
     write_atomic(out, (json.dumps(report, indent=1) + "\n").encode())
     print(json.dumps({k: v for k, v in report.items() if not isinstance(v, list) or len(v) < 8}, indent=1))
     print(f"wrote {out}")
+    for name, row_means in means.items():   # each read row's mean code and error: a circuit's "mean" baseline
+        print(f"wrote {save_means(row_means, out.parent / name)}")
     return 0
 
 

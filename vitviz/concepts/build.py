@@ -208,12 +208,14 @@ def exemplar_indexes(loaded: Sequence, dictionary, data: Dataset, *, folder: str
 
 
 def evaluate_dictionary(loaded: Sequence, dictionary, data: Dataset, *, root: str | Path,
-                        indices: Sequence[int] | None, progress: bool = True) -> dict:
+                        indices: Sequence[int] | None, progress: bool = True) -> tuple[dict, dict]:
     """What `concepts evaluate` reports of a dictionary over the images `indices` of `data` (a held-out split):
     one model's FVU, L0, dead and dense shares (`analysis/metrics.py`) and its spliced-in agreement, KL and accuracies
     (`analysis/splice.py`, or in words why its block cannot be spliced); across models, the R² matrix, each concept's
-    firing entropy and the shares of shared and model-specific concepts (`analysis.across.across_metrics`)."""
+    firing entropy and the shares of shared and model-specific concepts (`analysis.across.across_metrics`). With it,
+    each read row's mean code and error (`analysis/means.py`, a circuit's "mean" baseline): {file name: Means}."""
     from .analysis.across import across_metrics
+    from .analysis.means import file_name, row_means
     from .analysis.metrics import metrics
     from .analysis.splice import spliced_metrics
     from .kinds.across import Across
@@ -228,11 +230,15 @@ def evaluate_dictionary(loaded: Sequence, dictionary, data: Dataset, *, root: st
     rows = layers.rows()
     report = {"data": layers.cached[0].layer["data"], "skipped_images": layers.cached[0].skipped}
     if across:
-        return {**report, "cells": list(layers.alignment.grid), **across_metrics(dictionary, rows).to_dict()}
+        cells = math.prod(layers.alignment.grid)
+        means = {file_name(model): row_means(part, [rows[m].reshape(-1, cells, rows[m].shape[-1])])
+                 for m, (model, part) in enumerate(per_model.items())}
+        return {**report, "cells": list(layers.alignment.grid), **across_metrics(dictionary, rows).to_dict()}, means
+    means = {file_name(): row_means(dictionary, (tokens for tokens, _, _ in layers.cached[0].shard_grids()))}
     report.update(metrics(dictionary, rows[0]).to_dict())
     try:
         report["spliced"] = spliced_metrics(models[0], data, dictionary, indices=indices,
                                             progress=progress).to_dict()
     except ConceptsError as e:
         report["spliced"] = {"not_spliced": str(e)}
-    return report
+    return report, means
