@@ -176,10 +176,16 @@ class BundledDictionary:
     name: str
     models: tuple[str, ...]
     summary: str
+    folder: str | None = None   # under checkpoints/concepts/, where it is not `name`
 
     @property
     def path(self) -> Path:
-        return CHECKPOINTS / "concepts" / self.name
+        return CHECKPOINTS / "concepts" / (self.folder or self.name)
+
+
+def _at_depth(model: str, block: int, depth: int, concepts: int) -> BundledDictionary:
+    return BundledDictionary(f"{model}-block{block}", (model,), f"{model}'s block {block} of {depth}, {concepts} "
+                             f"concepts (TopK, k 16), for circuits", folder=f"{model}-depths/block{block}")
 
 
 BUNDLED_DICTIONARIES: dict[str, BundledDictionary] = {e.name: e for e in [
@@ -192,7 +198,20 @@ BUNDLED_DICTIONARIES: dict[str, BundledDictionary] = {e.name: e for e in [
     BundledDictionary("across-cifar10", ("vit-cifar10", "cvt-cifar10", "swin-cifar10", "resnet-cifar10"),
                       "one dictionary across the four CIFAR-10 models' last blocks, 768 shared concepts on their "
                       "common 4 x 4 cells"),
+    BundledDictionary("across-vit-cvt-cifar10", ("vit-cifar10", "cvt-cifar10"),
+                      "one dictionary across the bundled pair a block before their last (vit-cifar10's block 5, "
+                      "cvt-cifar10's block 7), 768 shared concepts on their common 4 x 4 cells: circuits side by side"),
+    # checkpoints/concepts/depths.sh: three blocks spread over each model's depth, the dictionaries a circuit reads
+    *(_at_depth(model, block, depth, concepts) for model, depth, blocks in (
+        ("vit-cifar10", 7, ((1, 768), (3, 768), (5, 768))), ("cvt-cifar10", 9, ((1, 512), (3, 768), (5, 768))),
+        ("swin-cifar10", 10, ((0, 192), (2, 384), (6, 768))), ("resnet-cifar10", 6, ((1, 128), (3, 256), (4, 512))))
+      for block, concepts in blocks),
 ]}
+# the dictionaries a bundled model's circuit reads, in depth order (checkpoints/concepts/depths.sh and train.sh)
+CIRCUIT_DICTIONARIES: dict[str, tuple[str, ...]] = {
+    model: (*(name for name, entry in BUNDLED_DICTIONARIES.items()
+              if entry.models == (model,) and entry.folder is not None), f"{model}-last")
+    for model in ("vit-cifar10", "cvt-cifar10", "swin-cifar10", "resnet-cifar10")}
 
 
 def model_name(source: str) -> str:

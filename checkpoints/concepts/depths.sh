@@ -19,3 +19,11 @@ for model in vit cvt swin resnet; do
     python -m vitviz concepts evaluate "$folder" --data "$DATA" --split test --limit 2000
   done
 done
+# one dictionary across the bundled pair a block before their last (the ViT's and the CvT's classifiers read their
+# class tokens alone, so a dictionary of their last blocks' grids cannot move the answer; here the grids feed it):
+# the same concept ids in both models' circuits
+python -m vitviz concepts train --data "$DATA" --kind topk --k 16 --expansion 4 --epochs 10 --warmup 60 --limit 20000 \
+  --models vit-cifar10 cvt-cifar10 --block 5 7 --out "$OUT/across-vit-cvt-cifar10"
+python -m vitviz concepts exemplars "$OUT/across-vit-cvt-cifar10" --data "$DATA" --split test --limit 1000 --top 5 \
+  --jpeg-quality 60
+python -m vitviz concepts evaluate "$OUT/across-vit-cvt-cifar10" --data "$DATA" --split test --limit 2000

@@ -80,13 +80,22 @@ def photo_codes(trace: Trace, dictionary: Dictionary, *, block: int, tokens: str
     grid_tokens = block_tokens(trace, index, "position" if tokens == "position" else "patch")[0]
     grid = trace.blocks[index].query_grid
     if cells is not None:
-        rectangles = in_photo(token_rectangles(trace, index), transform, image_size)
-        h, w = cells
-        tiles = torch.tensor([[i / h, j / w, (i + 1) / h, (j + 1) / w] for i in range(h) for j in range(w)],
-                             dtype=torch.float64)
-        alignment = align([rectangles, tiles])
-        grid_tokens, grid = alignment.resample(0, grid_tokens), alignment.grid
+        weights, grid = cell_weights(trace, index, cells=cells, transform=transform, image_size=image_size)
+        grid_tokens = torch.einsum('ct,td->cd', weights.to(grid_tokens), grid_tokens)
     return dictionary.encode(grid_tokens), grid
+
+
+def cell_weights(trace: Trace, block: int, *, cells: tuple[int, int], transform, image_size: tuple[int, int]
+                 ) -> tuple[Tensor, tuple[int, int]]:
+    """(cells x grid tokens area weights, the cells' grid): how block `block`'s grid tokens are resampled onto the
+    `cells` a dictionary across models was trained on, over the photo (h, w = `image_size`, through the model's
+    `transform`)."""
+    rectangles = in_photo(token_rectangles(trace, block), transform, image_size)
+    h, w = cells
+    tiles = torch.tensor([[i / h, j / w, (i + 1) / h, (j + 1) / w] for i in range(h) for j in range(w)],
+                         dtype=torch.float64)
+    alignment = align([rectangles, tiles])
+    return alignment.weights[0], alignment.grid
 
 
 def read_photo(trace: Trace, dictionary: Dictionary, *, model: str, block: int, tokens: str, top: int = TOP,

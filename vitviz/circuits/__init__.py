@@ -1,0 +1,86 @@
+"""Circuits of concepts: which concepts, at which blocks and where on the photo, build a model's answer.
+
+    from vitviz import hub
+    from vitviz.circuits import Metric, photo_circuit
+    loaded = hub.load("vit-cifar10")
+    graph = photo_circuit(loaded, image, dictionaries=catalog.CIRCUIT_DICTIONARIES["vit-cifar10"])
+    graph.to_json()     # nodes (concepts, errors, input, logit), edges, faithfulness, size
+
+Per-block dictionaries spliced into the model at their blocks (`sites.py`: every family, the trace and the
+dictionaries only), node and edge effects on the target's logit (`effects.py`: attribution patching, integrated
+gradients, vector-Jacobian products between consecutive sites), pruning and the graph as data (`graph.py`), and the
+faithfulness of the result (`circuit.py`). `../shared/CIRCUITS.md` and each module's docstring give the formulas.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from PIL import Image
+
+from .. import catalog
+from ..concepts.kinds.dictionary import ConceptsError
+from .circuit import circuit, faithfulness, patching_check, rank_correlation
+from .effects import BASELINES, IG_STEPS, METHODS, Metric
+from .graph import EDGE_SHARE, MOST, SHARE, Circuit, Edge, Node, kept_concepts
+from .sites import Site, sites_of
+
+__all__ = ["BASELINES", "Circuit", "EDGE_SHARE", "Edge", "IG_STEPS", "METHODS", "MOST", "Metric", "Node", "SHARE",
+           "Site", "circuit", "faithfulness", "folder_of", "kept_concepts", "load_dictionaries", "patching_check",
+           "photo_circuit", "rank_correlation", "sites_of"]
+
+
+def folder_of(source: str | Path) -> Path | None:
+    """The folder a dictionary source's files are in (a bundled name's, a folder, a file's folder), where its
+    means and exemplars may be; None for a Hub id."""
+    text = str(source)
+    if text in catalog.BUNDLED_DICTIONARIES:
+        return catalog.BUNDLED_DICTIONARIES[text].path
+    path = Path(text).expanduser()
+    if path.is_dir():
+        return path
+    return path.parent if path.is_file() else None
+
+
+def load_dictionaries(sources: Sequence[str | Path]) -> list[tuple[str, object, Path | None]]:
+    """(source, dictionary, its folder) for each source: a bundled name, a folder or file, a Hub id; a folder of
+    `block<N>` folders (what `concepts train --block A B C` writes) stands for each of them, in block order."""
+    from ..concepts import load
+
+    loaded = []
+    for source in sources:
+        path = Path(str(source)).expanduser()
+        blocks = sorted(path.glob("block*"), key=lambda p: int(p.name[5:]) if p.name[5:].isdigit() else -1) \
+            if path.is_dir() and not any(path.glob("*.safetensors")) else []
+        for one in blocks or [source]:
+            loaded.append((str(one), load(one), folder_of(one)))
+    return loaded
+
+
+def photo_circuit(loaded, image: Image.Image, *, dictionaries: Sequence[str | Path], target: int | None = None,
+                  contrast: int | None = None, names: bool = True, **settings) -> Circuit:
+    """The circuit of one photo through a loaded model with `dictionaries` (sources, in depth order): the target
+    class by default the model's top one; `settings`: `circuit`'s keywords. Concept names from each dictionary's
+    exemplar index where it has one."""
+    pixels = loaded.preprocess(image).to(loaded.device)
+    with torch.inference_mode():
+        trace = loaded.model.trace(pixels, attention=False)
+    if not trace.has_classifier:
+        raise ConceptsError(f"{loaded.name} has no classifier: there is no answer for a circuit to build.")
+    target = int(trace.logits[0].argmax()) if target is None else target
+    found = load_dictionaries(dictionaries)
+    sites = sites_of(loaded, trace, [(source, dictionary) for source, dictionary, _ in found],
+                     image_size=(image.height, image.width), folders=[folder for _, _, folder in found])
+    return circuit(loaded, pixels, sites, Metric(target, contrast),
+                   names=[concept_names(site) for site in sites] if names else None, **settings)
+
+
+def concept_names(site: Site) -> dict[int, str] | None:
+    """concept -> its name (`concepts.analysis.names`, from the exemplar index beside the dictionary), or None."""
+    from ..concepts.analysis.names import dictionary_names
+
+    try:
+        return {name.concept: name.title for name in dictionary_names(site.source, site.dictionary)}
+    except (ConceptsError, OSError):
+        return None

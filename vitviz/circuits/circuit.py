@@ -1,0 +1,204 @@
+"""One photo's circuit through one model: node effects, pruning, edges, and whether the circuit means anything.
+
+Faithfulness (Marks et al. 2024). With m(M) the model's metric on the photo, m(∅) the metric with every concept
+of every site at its baseline, and m(C) the metric with every concept outside the circuit C at its baseline (the
+sites patched in depth order, each reading what the patched blocks before it made; the error nodes kept, or all
+at their baseline: `errors`),
+
+    F(C) = (m(C) - m(∅)) / (m(M) - m(∅))
+
+so F(every node) = 1 and F(no node) = 0 by construction (the tests check both), measured as a curve over the
+circuit's size (the pruning share from 0 to 1) in one batched forward. Completeness is the same ratio with C
+removed and everything else kept: a circuit that holds the mechanism leaves little behind (near 0).
+
+Attribution against patching. Attribution patching is a linear estimate; for the strongest nodes the real
+effect, m(x) - m(x with that one node at its baseline), is measured too (one batched forward), and both are
+reported with their rank correlation.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..concepts.kinds.dictionary import ConceptsError
+from .effects import (
+    IG_STEPS, METHODS, Metric, SiteState, ablated, attribution, check_metric, edges_between, integrated_gradients,
+)
+from .graph import EDGE_SHARE, INPUT, LOGIT, MOST, SHARE, Circuit, Edge, Node, kept_concepts, node_id
+from .sites import Site
+
+ERRORS = ("kept", "removed")
+CURVE = 11    # points of the faithfulness curve: shares 0, 0.1, ..., 1
+CHECKED = 8   # strongest nodes whose attribution is checked against activation patching
+
+
+def circuit(loaded, pixels: Tensor, sites: Sequence[Site], metric: Metric, *, baseline: str = "zero",
+            method: str = "atp", steps: int = IG_STEPS, frozen: bool = False, share: float = SHARE,
+            edge_share: float = EDGE_SHARE, most: int = MOST, errors: str = "kept",
+            names: Sequence[dict[int, str] | None] | None = None) -> Circuit:
+    """The circuit of `metric` on the photo `pixels` (1 3 H W, preprocessed for `loaded`) through `sites` (from
+    `sites_of`, in depth order). `names`: per site, concept -> name for the nodes (default: their numbers)."""
+    if method not in METHODS:
+        raise ConceptsError(f"The method must be one of {', '.join(METHODS)}, not {method!r}.")
+    if errors not in ERRORS:
+        raise ConceptsError(f"Error nodes are {' or '.join(ERRORS)} when faithfulness is measured, not {errors!r}.")
+    if not sites:
+        raise ConceptsError("A circuit needs at least one dictionary.")
+    if not 0 <= share <= 1 or not 0 <= edge_share <= 1:
+        raise ConceptsError(f"The shares are from 0 to 1, not {share} and {edge_share}.")
+    labels = loaded.labels
+    check_metric(metric, labels)
+    value, states = attribution(loaded, pixels, sites, metric, baseline=baseline, frozen=frozen)
+    estimates = [state.effects.clone() for state in states]   # attribution patching's, before any refinement
+    if method == "ig":
+        integrated_gradients(loaded, pixels, sites, states, metric, steps=steps, frozen=frozen)
+    kept = [kept_concepts(state.effects, share=share, most=most) for state in states]
+    nodes = [Node(id=INPUT, kind="input", name="the photo")]
+    for s, (site, state) in enumerate(zip(sites, states)):
+        named = (names[s] if names else None) or {}
+        nodes += [_concept_node(site, state, c, named.get(c)) for c in kept[s]]
+        nodes.append(_error_node(site, state))
+    nodes.append(Node(id=LOGIT, kind="logit", name=metric.describe(labels), effect=value))
+    edges = _edges(loaded, pixels, sites, states, kept, edge_share=edge_share, frozen=frozen)
+    result = Circuit(
+        model=loaded.name, metric=metric.describe(labels), target=metric.target, target_label=labels[metric.target],
+        contrast=metric.contrast, value=value, baseline=baseline,
+        method="attribution patching" if method == "atp" else f"integrated gradients ({steps} steps)",
+        attention="held fixed (attention patterns and norm scales are this photo's constants)" if frozen else
+        "the model's own (gradients through the attention patterns)",
+        errors=errors, share=share, edge_share=edge_share,
+        sites=[_site_record(site, state) for site, state in zip(sites, states)], nodes=nodes, edges=edges,
+        candidates=sum(site.dictionary.n_concepts for site in sites))
+    result.faithfulness = faithfulness(loaded, pixels, sites, states, metric, value=value, baseline=baseline,
+                                       share=share, most=most, errors=errors)
+    result.patching = patching_check(loaded, pixels, sites, states, estimates, metric, value=value,
+                                     baseline=baseline)
+    return result
+
+
+def _site_record(site: Site, state: SiteState) -> dict:
+    return {"block": site.block, "dictionary": site.source, "across": site.across, "concepts": site.dictionary.n_concepts,
+            "rows": int(state.rows.shape[1]), "grid": list(site.grid), "class_token": site.class_token,
+            "error_effect": state.error_effect, "concept_effect": float(state.effects.sum())}
+
+
+def _grid_values(site: Site, values: Tensor) -> tuple[list[float], float | None]:
+    """A rows-long vector -> (its grid cells row-major, its class token's value or None)."""
+    values = values.detach().float().cpu()
+    if site.class_token:
+        return values[1:].tolist(), float(values[0])
+    return values.tolist(), None
+
+
+def _concept_node(site: Site, state: SiteState, concept: int, name: str | None) -> Node:
+    where, class_token = _grid_values(site, state.codes[0, :, concept])
+    return Node(id=node_id(site.block, concept), kind="concept", name=name or f"concept {concept}",
+                effect=float(state.effects[concept]), block=site.block, concept=concept,
+                activation=float(state.codes[0, :, concept].sum()), grid=site.grid, map=where,
+                class_token=class_token)
+
+
+def _error_node(site: Site, state: SiteState) -> Node:
+    where, class_token = _grid_values(site, state.error_effects)
+    return Node(id=node_id(site.block, None), kind="error", name=f"error at block {site.block}",
+                effect=state.error_effect, block=site.block, activation=float(state.error[0].norm(dim=-1).sum()),
+                grid=site.grid, map=where, class_token=class_token)
+
+
+def _edges(loaded, pixels: Tensor, sites: Sequence[Site], states: Sequence[SiteState], kept: Sequence[list[int]],
+           *, edge_share: float, frozen: bool) -> list[Edge]:
+    """The input's edges into the first site, each consecutive pair's (pruned by each target's inflow), the last
+    site's into the metric."""
+    first, last = sites[0], sites[-1]
+    edges = [Edge(INPUT, node_id(first.block, c), float(states[0].effects[c])) for c in kept[0]]
+    edges.append(Edge(INPUT, node_id(first.block, None), states[0].error_effect))
+    for i in range(len(sites) - 1):
+        targets: list[int | None] = [*kept[i + 1], None]
+        concept_edges, error_edges = edges_between(loaded, pixels, (sites[i], states[i]),
+                                                   (sites[i + 1], states[i + 1]), targets, frozen=frozen)
+        for row, target in enumerate(targets):
+            inflow = float(concept_edges[row].abs().sum() + error_edges[row].abs())
+            candidates = [(node_id(sites[i].block, c), float(concept_edges[row, c])) for c in kept[i]]
+            candidates.append((node_id(sites[i].block, None), float(error_edges[row])))
+            edges += [Edge(source, node_id(sites[i + 1].block, target), weight) for source, weight in candidates
+                      if inflow > 0 and abs(weight) >= edge_share * inflow]
+    edges += [Edge(node_id(last.block, c), LOGIT, float(states[-1].effects[c])) for c in kept[-1]]
+    edges.append(Edge(node_id(last.block, None), LOGIT, states[-1].error_effect))
+    return edges
+
+
+def faithfulness(loaded, pixels: Tensor, sites: Sequence[Site], states: Sequence[SiteState], metric: Metric, *,
+                 value: float, baseline: str, share: float = SHARE, most: int = MOST, errors: str = "kept") -> dict:
+    """F and completeness of the circuit at `share`, and F over the shares 0, 0.1, ..., 1 (with each point's
+    number of concept nodes): one batched forward."""
+    shares = np.linspace(0, 1, CURVE).tolist()
+    circuits = [[kept_concepts(state.effects, share=s, most=state.effects.numel()) for state in states]
+                for s in shares]   # the curve: every concept the share asks for
+    circuits.append([kept_concepts(state.effects, share=share, most=most) for state in states])   # the one drawn
+    masks = []
+    for chosen in circuits:
+        masks.append([_mask(state, concepts) for state, concepts in zip(states, chosen)])
+    masks.append([~mask for mask in masks[-1]])   # the circuit removed, everything else kept
+    masks.append([torch.zeros_like(mask) for mask in masks[-1]])   # every concept at its baseline
+    keep = [torch.stack([point[s] for point in masks]) for s in range(len(sites))]
+    m = metric(ablated(loaded, pixels, sites, keep, baseline=baseline, keep_errors=errors == "kept")).double().cpu()
+    empty = float(m[-1])
+    span = value - empty
+
+    def ratio(x: float) -> float | None:
+        return None if abs(span) < 1e-9 else (x - empty) / span
+
+    nodes = [sum(len(c) for c in chosen) for chosen in circuits]
+    return {"value": ratio(float(m[CURVE])), "completeness": ratio(float(m[CURVE + 1])), "full": value,
+            "empty": empty, "circuit": float(m[CURVE]), "without_circuit": float(m[CURVE + 1]),
+            "curve": [{"share": s, "concept_nodes": n, "faithfulness": ratio(float(x))}
+                      for s, n, x in zip(shares, nodes, m[:CURVE].tolist())],
+            "errors": errors}
+
+
+def _mask(state: SiteState, concepts: list[int]) -> Tensor:
+    mask = torch.zeros(state.codes.shape[-1], dtype=torch.bool, device=state.codes.device)
+    mask[concepts] = True
+    return mask
+
+
+def patching_check(loaded, pixels: Tensor, sites: Sequence[Site], states: Sequence[SiteState],
+                   estimates: Sequence[Tensor], metric: Metric, *, value: float, baseline: str,
+                   top: int = CHECKED) -> dict:
+    """Attribution patching's estimate against the real effect of taking each of the `top` strongest concept nodes
+    (by the estimate) alone to its baseline, errors kept: one batched forward."""
+    strongest = sorted(((float(e[c].abs()), s, int(c)) for s, e in enumerate(estimates)
+                        for c in torch.nonzero(e).flatten().tolist()), reverse=True)[:top]
+    if not strongest:
+        return {"nodes": [], "attribution": [], "patched": [], "rank_correlation": None}
+    keep = [torch.ones(len(strongest), state.codes.shape[-1], dtype=torch.bool, device=state.codes.device)
+            for state in states]
+    for row, (_, s, c) in enumerate(strongest):
+        keep[s][row, c] = False
+    patched = value - metric(ablated(loaded, pixels, sites, keep, baseline=baseline)).double().cpu()
+    attributed = [float(estimates[s][c]) for _, s, c in strongest]
+    return {"nodes": [node_id(sites[s].block, c) for _, s, c in strongest], "attribution": attributed,
+            "patched": patched.tolist(), "rank_correlation": rank_correlation(attributed, patched.tolist())}
+
+
+def rank_correlation(a: Sequence[float], b: Sequence[float]) -> float | None:
+    """Spearman's rank correlation (average ranks for ties); None for fewer than 2 values or a constant one."""
+    if len(a) < 2:
+        return None
+    ranks = [_ranks(np.asarray(x, dtype=np.float64)) for x in (a, b)]
+    if any(r.std() == 0 for r in ranks):
+        return None
+    return float(np.corrcoef(*ranks)[0, 1])
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+    order = np.argsort(x, kind="stable")
+    ranks = np.empty(len(x))
+    ranks[order] = np.arange(len(x), dtype=np.float64)
+    for value in np.unique(x):   # ties share their mean rank
+        tied = x == value
+        ranks[tied] = ranks[tied].mean()
+    return ranks

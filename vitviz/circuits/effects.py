@@ -1,0 +1,265 @@
+"""What each node and edge of a circuit does to the answer: attribution patching, integrated gradients, and the
+edges between consecutive sites (Marks et al. 2024, "Sparse feature circuits", arXiv 2403.19647).
+
+The metric m is the target's logit, or its difference to a contrast class. At each site (`sites.py`) the rows it
+reads are rebuilt exactly as decode(z) + ε, and the nodes are the concepts z (one node a concept, its codes summed
+over the rows: where it fires is kept as its map) and the error ε (one node a site). A node taken out is set to its
+baseline: z₀ = 0, ε₀ = 0 ("zero"), or each row's mean over a data set ("mean": `concepts.analysis.means`).
+
+Attribution patching (one backward pass). With g = ∂m/∂X the model's own gradient at the site's block output and
+g_rows = Wᵀ g its gradient at the rows (X' = X + W Δrows), the linear estimate of a node's effect is
+
+    IE(z_c) = Σ_t (∂m/∂z)_{t,c} (z - z₀)_{t,c},   ∂m/∂z = g_rows · ∂decode/∂z   (decode is affine in z)
+    IE(ε)   = Σ_t g_rows,t · (ε - ε₀)_t
+
+the effect of the node being there rather than at its baseline, with everything after the site free to respond.
+Integrated gradients (`steps` N, midpoints α_k = (k + ½)/N) make it exact in the limit: one site at a time, its
+codes and error moved together along z₀ + α (z - z₀), ε₀ + α (ε - ε₀),
+
+    IE_ig(z_c) = (1/N) Σ_k Σ_t ∂m/∂z_{t,c} |_(α_k) (z - z₀)_{t,c}        (and the same for ε)
+
+and a site's node effects then add up to m(x) - m(x with every node of that site at its baseline): the
+completeness of integrated gradients, which the tests check.
+
+Edges. From an upstream node u at site i to a downstream node d at the next site j:
+
+    IE(u → d) = Σ_t' ∇_d m_t' · ∂d_t'/∂u · Δu,      Δu = u - u₀ (summed over u's rows)
+
+a vector-Jacobian product from d's score S_d = Σ_t' ∇_d m_t' · d_t' (∇_d m from the pass above, held fixed)
+back to site i's codes and error, through the blocks between as the model runs them and the downstream
+dictionary's encoder reading the result (its active set fixed: TopK's gradient). One batched pass computes every
+downstream node's row at once. Into the first site every node's value comes from the input, so the input's edge
+to a node is that node's effect; out of the last site the edge to the metric is the node's effect.
+
+Attention held fixed or not. With `frozen`, every attention pattern and every LayerNorm's scale are constants of
+this photo's pass (`models.relevance.frozen_attention`, `frozen_norm_scales`), circuit-tracer's convention: the
+gradients, and so effects and edges, are those of the model linear in everything else. Without, they are the
+model's own. A CNN has no attention; its norms are BatchNorms, affine at inference.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..concepts.kinds.dictionary import ConceptsError
+from ..models.relevance import frozen_attention, frozen_norm_scales
+from ..models.trace import Trace
+from .sites import Site
+
+BASELINES = ("zero", "mean")
+METHODS = ("atp", "ig")   # attribution patching, integrated gradients
+IG_STEPS = 10             # Marks et al.'s
+
+
+@dataclass(frozen=True)
+class Metric:
+    """m = logit[target], or logit[target] - logit[contrast]."""
+    target: int
+    contrast: int | None = None
+
+    def __call__(self, logits: Tensor) -> Tensor:
+        m = logits[:, self.target]
+        return m if self.contrast is None else m - logits[:, self.contrast]
+
+    def describe(self, labels: Sequence[str]) -> str:
+        if self.contrast is None:
+            return f"the logit of {labels[self.target]}"
+        return f"the logit of {labels[self.target]} minus that of {labels[self.contrast]}"
+
+
+def check_metric(metric: Metric, labels: Sequence[str]) -> None:
+    """Refuses classes outside the model's labels, in words."""
+    for name, value in (("class", metric.target), ("contrast class", metric.contrast)):
+        if value is not None and not 0 <= value < len(labels):
+            raise ConceptsError(f"This model has {len(labels)} classes (0 to {len(labels) - 1}); there is no "
+                                f"{name} {value}.")
+    if metric.contrast is not None and metric.contrast == metric.target:
+        raise ConceptsError("The contrast class is the target itself: pick another one, or none.")
+
+
+@contextmanager
+def gradients(frozen: bool) -> Iterator[None]:
+    """The gradients of the passes inside: the model's own, or with attention patterns and norm scales frozen."""
+    with ExitStack() as stack:
+        if frozen:
+            stack.enter_context(frozen_attention())
+            stack.enter_context(frozen_norm_scales())
+        yield
+
+
+@dataclass
+class SiteState:
+    """One site on the photo: its rows, codes and error (1 rows ·), the gradient of m at its rows and codes, the
+    baseline, and each node's effect (per row and summed)."""
+    rows: Tensor
+    codes: Tensor
+    error: Tensor
+    row_gradient: Tensor
+    code_gradient: Tensor
+    codes_baseline: Tensor
+    error_baseline: Tensor
+    concept_effects: Tensor | None = None   # rows n: each concept's effect at each row
+    error_effects: Tensor | None = None     # rows: the error's
+
+    @property
+    def effects(self) -> Tensor:
+        """n: each concept node's effect (summed over its rows)."""
+        return self.concept_effects.sum(0)
+
+    @property
+    def error_effect(self) -> float:
+        return float(self.error_effects.sum())
+
+
+def splice(site: Site, tokens: Tensor, codes: Tensor, error: Tensor, rows: Tensor) -> Tensor:
+    """The block's tokens with the site's rows rebuilt from `codes` and `error`: X + W (decode(z) + ε - rows)."""
+    return site.put(tokens, site.dictionary.decode(codes, rows) + error - rows)
+
+
+def read(site: Site, tokens: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(rows, codes, error) of a site on its block's tokens."""
+    rows = site.rows(tokens)
+    codes = site.dictionary.encode(rows)
+    return rows, codes, rows - site.dictionary.decode(codes, rows)
+
+
+def traced(loaded, pixels: Tensor, edit: Callable[[int, Tensor], Tensor] | None, *, grad: bool) -> Trace:
+    """One traced forward with `edit`, no attention maps kept."""
+    return loaded.model.trace(pixels, grad=grad, attention=False, edit=edit)
+
+
+def attribution(loaded, pixels: Tensor, sites: Sequence[Site], metric: Metric, *, baseline: str = "zero",
+                frozen: bool = False) -> tuple[float, list[SiteState]]:
+    """(m on the photo, each site's state with attribution patching's effects) from one forward and backward."""
+    if baseline not in BASELINES:
+        raise ConceptsError(f"The baseline must be one of {', '.join(BASELINES)}, not {baseline!r}.")
+    at = {site.block: position for position, site in enumerate(sites)}
+    outputs: list[Tensor | None] = [None] * len(sites)
+
+    def keep(index: int, tokens: Tensor) -> Tensor:
+        if index in at:
+            outputs[at[index]] = tokens
+        return tokens
+
+    with gradients(frozen):
+        trace = traced(loaded, pixels[:1], keep, grad=True)
+        m = metric(trace.logits)
+        grads = [torch.zeros_like(t) if g is None else g   # a block the metric does not read
+                 for t, g in zip(outputs, torch.autograd.grad(m.sum(), outputs, allow_unused=True))]
+    states = []
+    for site, tokens, grad in zip(sites, outputs, grads):
+        with torch.no_grad():
+            rows, codes, error = (t.detach() for t in read(site, tokens.detach()))
+            row_gradient = torch.einsum('nr,bnd->brd', site.write.to(grad), grad)
+        leaf = codes.clone().requires_grad_(True)
+        with torch.enable_grad():
+            (code_gradient,) = torch.autograd.grad(site.dictionary.decode(leaf, rows), leaf, row_gradient)
+        codes_baseline, error_baseline = site.baseline(baseline, codes, error)
+        states.append(SiteState(
+            rows=rows, codes=codes, error=error, row_gradient=row_gradient, code_gradient=code_gradient,
+            codes_baseline=codes_baseline, error_baseline=error_baseline,
+            concept_effects=(code_gradient * (codes - codes_baseline))[0],
+            error_effects=(row_gradient * (error - error_baseline)).sum(-1)[0]))
+    return float(m.detach()[0]), states
+
+
+def integrated_gradients(loaded, pixels: Tensor, sites: Sequence[Site], states: Sequence[SiteState],
+                         metric: Metric, *, steps: int = IG_STEPS, frozen: bool = False) -> None:
+    """Each site's node effects by integrated gradients (`steps` points on the straight path from the baseline),
+    written into `states` in place of attribution patching's: one batched forward and backward a site."""
+    if steps < 1:
+        raise ConceptsError(f"Integrated gradients needs at least 1 step, not {steps}.")
+    alphas = (torch.arange(steps, dtype=torch.float32, device=pixels.device) + 0.5) / steps
+    batch = pixels[:1].expand(steps, *pixels.shape[1:])
+    for site, state in zip(sites, states):
+        along = alphas[:, None, None].to(state.codes)
+        codes = (state.codes_baseline + along * (state.codes - state.codes_baseline)).requires_grad_(True)
+        error = (state.error_baseline + along * (state.error - state.error_baseline)).requires_grad_(True)
+
+        def move(index: int, tokens: Tensor, site=site, codes=codes, error=error) -> Tensor:
+            if index != site.block:
+                return tokens
+            with torch.enable_grad():
+                rows = site.rows(tokens)
+                return splice(site, tokens, codes, error, rows)
+
+        with gradients(frozen):
+            m = metric(traced(loaded, batch, move, grad=True).logits)
+            code_grads, error_grads = torch.autograd.grad(m.sum(), [codes, error])
+        state.concept_effects = (code_grads.mean(0) * (state.codes - state.codes_baseline)[0]).detach()
+        state.error_effects = (error_grads.mean(0) * (state.error - state.error_baseline)[0]).sum(-1).detach()
+
+
+class _Reached(Exception):
+    """Carries the downstream scores out of a forward that need not go further."""
+
+    def __init__(self, scores: Tensor):
+        super().__init__()
+        self.scores = scores
+
+
+def edges_between(loaded, pixels: Tensor, upstream: tuple[Site, SiteState], downstream: tuple[Site, SiteState],
+                  targets: Sequence[int | None], *, frozen: bool = False) -> tuple[Tensor, Tensor]:
+    """The edges into each of `targets` (downstream concept ids; None: the error node) from every upstream node:
+    (len(targets) x n concept edges, len(targets) error edges). One batched forward from the upstream site to the
+    downstream one and one backward."""
+    (up, up_state), (down, down_state) = upstream, downstream
+    k = len(targets)
+    codes = up_state.codes.expand(k, *up_state.codes.shape[1:]).clone().requires_grad_(True)
+    error = up_state.error.expand(k, *up_state.error.shape[1:]).clone().requires_grad_(True)
+    concept = torch.tensor([c if c is not None else 0 for c in targets], device=codes.device)
+    is_error = torch.tensor([c is None for c in targets], device=codes.device)
+
+    def edit(index: int, tokens: Tensor) -> Tensor:
+        with torch.enable_grad():
+            if index == up.block:
+                return splice(up, tokens.detach(), codes, error, up.rows(tokens.detach()))
+            if index == down.block:
+                _, down_codes, down_error = read(down, tokens)
+                picked = torch.gather(down_codes * down_state.code_gradient, 2,
+                                      concept[:, None, None].expand(k, down_codes.shape[1], 1))[..., 0].sum(1)
+                errors = (down_error * down_state.row_gradient).sum((1, 2))
+                raise _Reached(torch.where(is_error, errors, picked))
+        return tokens
+
+    batch = pixels[:1].expand(k, *pixels.shape[1:])
+    with gradients(frozen):
+        try:
+            traced(loaded, batch, edit, grad=True)
+        except _Reached as reached:
+            scores = reached.scores
+        else:   # pragma: no cover - the downstream site is always a block of the trace
+            raise AssertionError("the forward never reached the downstream site")
+        code_grads, error_grads = torch.autograd.grad(scores.sum(), [codes, error])
+    concept_edges = (code_grads * (up_state.codes - up_state.codes_baseline)).sum(1)
+    error_edges = (error_grads * (up_state.error - up_state.error_baseline)).sum((1, 2))
+    return concept_edges.detach(), error_edges.detach()
+
+
+def ablated(loaded, pixels: Tensor, sites: Sequence[Site], keep: Sequence[Tensor], *, baseline: str,
+            keep_errors: Tensor | bool = True) -> Tensor:
+    """m's logits with, at every site in depth order, the concepts where `keep[s]` (b n bool) is False set to their
+    baseline (the others computed from the patched pass), and the errors kept (True, or b x sites bool) or at
+    theirs: one batched forward, b = keep[s].shape[0]. -> b x classes logits."""
+    b = keep[0].shape[0]
+    at = {site.block: position for position, site in enumerate(sites)}
+    errors = torch.as_tensor(keep_errors, device=pixels.device).expand(b, len(sites)) \
+        if not isinstance(keep_errors, Tensor) else keep_errors
+
+    def edit(index: int, tokens: Tensor) -> Tensor:
+        if index not in at:
+            return tokens
+        s = at[index]
+        site = sites[s]
+        rows, codes, error = read(site, tokens)
+        codes_baseline, error_baseline = site.baseline(baseline, codes, error)
+        codes = torch.where(keep[s][:, None, :], codes, codes_baseline)
+        error = torch.where(errors[:, s, None, None], error, error_baseline)
+        return splice(site, tokens, codes, error, rows)
+
+    with torch.inference_mode():
+        return traced(loaded, pixels[:1].expand(b, *pixels.shape[1:]), edit, grad=False).logits

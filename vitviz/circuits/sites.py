@@ -1,0 +1,133 @@
+"""Where a circuit's dictionaries sit in a model: one `Site` per dictionary, at the block it was trained on.
+
+A site reads rows of its block's output tokens X (b N d, every token of the block, prefix tokens included) as a
+linear map and writes changes of them back:
+
+    rows    = R X            R: rows x N    the dictionary's own tokens (a selection: the class token first where it
+                                            reads it, then the grid), or for a dictionary across models its cells
+                                            (each cell the area-weighted mean of the grid tokens under it)
+    X'      = X + W Δrows    W: N x rows    with R W = I, so the rows read back exactly what was written: W = Rᵀ for
+                                            a selection, the pseudo-inverse R⁺ for cells
+
+Tokens no row reads (registers, a class token a patch dictionary leaves out) pass through a site unchanged, and
+so does whatever of a token a cell's mean does not see. With codes z = encode(rows) and the error
+ε = rows - decode(z), a site's rows are exactly decode(z) + ε: the dictionary spliced in changes nothing until a
+node is moved.
+
+Sites are read from the trace and the dictionaries alone (`concepts.files.load`: own or across, every family), and
+refused in words: a dictionary of another model, block or width, one that does not record its block, blocks not in
+depth order, a dictionary across models at a block it was not trained on.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from ..concepts.activations.cache import block_index, default_tokens
+from ..concepts.analysis.means import Means, file_name as means_file, load_means
+from ..concepts.analysis.photo import cell_weights, cells_of, model_names
+from ..concepts.analysis.splice import token_rows
+from ..concepts.kinds.dictionary import ConceptsError, Dictionary
+from ..models.trace import Trace
+
+
+@dataclass(frozen=True)
+class Site:
+    """One dictionary in one model: its block (from 0), how it reads and writes the block's tokens, the grid of
+    its rows on the photo, whether row 0 is the class token, and where it came from."""
+    block: int
+    dictionary: Dictionary
+    read: Tensor          # rows x N
+    write: Tensor         # N x rows
+    grid: tuple[int, int]
+    class_token: bool
+    source: str
+    across: bool = False
+    means: Means | None = None   # each row's mean code and error over a data set: the "mean" baseline
+
+    @property
+    def label(self) -> str:
+        return f"block {self.block}"
+
+    def rows(self, tokens: Tensor) -> Tensor:
+        """b N d block tokens -> b rows d, what the dictionary reads."""
+        return torch.einsum('rn,bnd->brd', self.read.to(tokens), tokens)
+
+    def put(self, tokens: Tensor, change: Tensor) -> Tensor:
+        """b N d tokens with a b rows d change of the rows written back."""
+        return tokens + torch.einsum('nr,brd->bnd', self.write.to(change), change)
+
+    def baseline(self, kind: str, like_codes: Tensor, like_error: Tensor) -> tuple[Tensor, Tensor]:
+        """(codes, error) a node is set to when it is taken out: zeros, or each row's mean over a data set."""
+        if kind == "zero":
+            return torch.zeros_like(like_codes), torch.zeros_like(like_error)
+        if self.means is None:
+            raise ConceptsError(f"The dictionary at {self.label} ({self.source}) has no mean activations "
+                                f"(means.safetensors beside it, written by `vitviz concepts evaluate`): use the zero "
+                                f"baseline, or evaluate it on a data set first.")
+        if self.means.codes.shape[0] != like_codes.shape[-2]:
+            raise ConceptsError(f"The mean activations beside {self.source} have {self.means.codes.shape[0]} rows; "
+                                f"this photo gives {like_codes.shape[-2]} at {self.label}.")
+        return (self.means.codes.to(like_codes).expand_as(like_codes),
+                self.means.error.to(like_error).expand_as(like_error))
+
+
+def sites_of(loaded, trace: Trace, dictionaries: Sequence[tuple[str, object]], *,
+             image_size: tuple[int, int] | None = None, folders: Sequence[str | Path | None] | None = None) -> list[Site]:
+    """The sites of `dictionaries` ((source, own or across dictionary) pairs, in depth order) in a loaded model, from
+    a `trace` of it (any image of the model's input size); `image_size` (h, w): the photo's, which places a dictionary
+    across models' cells on it; `folders`: where to find each one's means (None: none)."""
+    from ..concepts.kinds.across import Across
+
+    names = model_names(loaded)
+    sites = []
+    for position, (source, dictionary) in enumerate(dictionaries):
+        across = isinstance(dictionary, Across)
+        if across:
+            part = next((dictionary.dictionaries[n] for n in dictionary.models if n in names), None)
+            if part is None:
+                raise ConceptsError(f"{source} is a dictionary across {', '.join(dictionary.models)}, not "
+                                    f"{loaded.name}.")
+        else:
+            part = dictionary
+        if part.block is None:
+            raise ConceptsError(f"{source} does not record which block it was trained on, so a circuit cannot place "
+                                f"it in {loaded.name}.")
+        index = block_index(trace, part.block)
+        part.check_applies(model=loaded.name, block=index, width=trace.blocks[index].tokens.shape[-1], names=names)
+        out = trace.blocks[index]
+        n = out.tokens.shape[1]
+        if across:
+            cells = cells_of(dictionary.training_record)
+            if cells is None or image_size is None:
+                raise ConceptsError(f"{source} does not record the cells it was trained on, so its rows cannot be "
+                                    f"placed on the photo.")
+            weights, grid = cell_weights(trace, index, cells=cells, transform=loaded.transform,
+                                         image_size=image_size)
+            read = torch.zeros(weights.shape[0], n, dtype=torch.float32)
+            read[:, out.prefix:] = weights.float()
+            write, class_token = torch.linalg.pinv(read.double()).float(), False
+        else:
+            tokens = part.origin.tokens or default_tokens(out)
+            rows = token_rows(out, tokens).cpu()
+            read = torch.zeros(len(rows), n, dtype=torch.float32)
+            read[torch.arange(len(rows)), rows] = 1.0
+            write, class_token, grid = read.T.clone(), "cls" in tokens, out.query_grid
+        folder = folders[position] if folders else None
+        means = None
+        if folder is not None:
+            path = Path(folder) / means_file(loaded.name if across else None)
+            means = load_means(path, part) if path.exists() else None
+        part.to(loaded.device)
+        sites.append(Site(block=index, dictionary=part, read=read.to(loaded.device), write=write.to(loaded.device),
+                          grid=tuple(grid), class_token=class_token, source=str(source), across=across, means=means))
+    blocks = [site.block for site in sites]
+    if any(later <= earlier for earlier, later in zip(blocks, blocks[1:])):
+        raise ConceptsError(f"A circuit's dictionaries go from the first block to the last, each at its own block; "
+                            f"these are at blocks {', '.join(map(str, blocks))}: give them in depth order, one a "
+                            f"block.")
+    return sites
