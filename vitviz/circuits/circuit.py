@@ -25,7 +25,15 @@ from torch import Tensor
 
 from ..concepts.kinds.dictionary import ConceptsError
 from .effects import (
-    IG_STEPS, METHODS, Metric, SiteState, ablated, attribution, check_metric, edges_between, integrated_gradients,
+    IG_STEPS,
+    METHODS,
+    Metric,
+    SiteState,
+    ablated,
+    attribution,
+    check_metric,
+    edges_between,
+    integrated_gradients,
 )
 from .graph import EDGE_SHARE, INPUT, LOGIT, MOST, SHARE, Circuit, Edge, Node, kept_concepts, node_id
 from .sites import Site
@@ -80,9 +88,10 @@ def circuit(loaded, pixels: Tensor, sites: Sequence[Site], metric: Metric, *, ba
 
 
 def _site_record(site: Site, state: SiteState) -> dict:
-    return {"block": site.block, "dictionary": site.source, "across": site.across, "concepts": site.dictionary.n_concepts,
-            "rows": int(state.rows.shape[1]), "grid": list(site.grid), "class_token": site.class_token,
-            "error_effect": state.error_effect, "concept_effect": float(state.effects.sum())}
+    return {"block": site.block, "dictionary": site.source, "across": site.across,
+            "concepts": site.dictionary.n_concepts, "rows": int(state.rows.shape[1]), "grid": list(site.grid),
+            "class_token": site.class_token, "error_effect": state.error_effect,
+            "concept_effect": float(state.effects.sum())}
 
 
 def _grid_values(site: Site, values: Tensor) -> tuple[list[float], float | None]:

@@ -77,7 +77,8 @@ class Site:
 
 
 def sites_of(loaded, trace: Trace, dictionaries: Sequence[tuple[str, object]], *,
-             image_size: tuple[int, int] | None = None, folders: Sequence[str | Path | None] | None = None) -> list[Site]:
+             image_size: tuple[int, int] | None = None,
+             folders: Sequence[str | Path | None] | None = None) -> list[Site]:
     """The sites of `dictionaries` ((source, own or across dictionary) pairs, in depth order) in a loaded model, from
     a `trace` of it (any image of the model's input size); `image_size` (h, w): the photo's, which places a dictionary
     across models' cells on it; `folders`: where to find each one's means (None: none)."""
