@@ -38,7 +38,7 @@ def kept_concepts(effects: Tensor, *, share: float = SHARE, most: int = MOST) ->
         return []
     order = torch.argsort(size, descending=True, stable=True)
     held = torch.cumsum(size[order], 0) / total
-    count = int(torch.searchsorted(held, torch.tensor(share, dtype=held.dtype) - 1e-12)) + 1
+    count = int(torch.searchsorted(held, torch.tensor(share - 1e-6, dtype=held.dtype))) + 1   # rounding: not one more
     return [int(c) for c in order[:min(count, most)] if size[c] > 0]
 
 

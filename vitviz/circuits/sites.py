@@ -77,11 +77,12 @@ class Site:
 
 
 def sites_of(loaded, trace: Trace, dictionaries: Sequence[tuple[str, object]], *,
-             image_size: tuple[int, int] | None = None,
-             folders: Sequence[str | Path | None] | None = None) -> list[Site]:
+             image_size: tuple[int, int] | None = None, folders: Sequence[str | Path | None] | None = None,
+             blocks: Sequence[int | None] | None = None) -> list[Site]:
     """The sites of `dictionaries` ((source, own or across dictionary) pairs, in depth order) in a loaded model, from
     a `trace` of it (any image of the model's input size); `image_size` (h, w): the photo's, which places a dictionary
-    across models' cells on it; `folders`: where to find each one's means (None: none)."""
+    across models' cells on it; `folders`: where to find each one's means (None: none); `blocks`: where each is asked
+    to go (None: the block it was trained on, the only one it is accepted at)."""
     from ..concepts.kinds.across import Across
 
     names = model_names(loaded)
@@ -98,7 +99,13 @@ def sites_of(loaded, trace: Trace, dictionaries: Sequence[tuple[str, object]], *
         if part.block is None:
             raise ConceptsError(f"{source} does not record which block it was trained on, so a circuit cannot place "
                                 f"it in {loaded.name}.")
+        part.check_applies(model=loaded.name, block=part.block, width=part.d, names=names)   # the model first
         index = block_index(trace, part.block)
+        asked = None if blocks is None or blocks[position] is None else block_index(trace, blocks[position])
+        if across and asked is not None and asked != index:
+            raise ConceptsError(f"{source} was trained across {', '.join(dictionary.models)} on {loaded.name}'s block "
+                                f"{index}; its concepts mean nothing at block {asked}.")
+        index = index if asked is None else asked
         part.check_applies(model=loaded.name, block=index, width=trace.blocks[index].tokens.shape[-1], names=names)
         out = trace.blocks[index]
         n = out.tokens.shape[1]
