@@ -205,8 +205,8 @@ class _Reached(Exception):
 def edges_between(loaded, pixels: Tensor, upstream: tuple[Site, SiteState], downstream: tuple[Site, SiteState],
                   targets: Sequence[int | None], *, frozen: bool = False) -> tuple[Tensor, Tensor]:
     """The edges into each of `targets` (downstream concept ids; None: the error node) from every upstream node:
-    (len(targets) x n concept edges, len(targets) error edges). One batched forward from the upstream site to the
-    downstream one and one backward."""
+    (len(targets) x n concept edges, len(targets) error edges). The photo's forward up to the upstream site, one
+    copy of it a target from there to the downstream site (where it stops), and one backward."""
     (up, up_state), (down, down_state) = upstream, downstream
     k = len(targets)
     codes = up_state.codes.expand(k, *up_state.codes.shape[1:]).clone().requires_grad_(True)
@@ -216,8 +216,9 @@ def edges_between(loaded, pixels: Tensor, upstream: tuple[Site, SiteState], down
 
     def edit(index: int, tokens: Tensor) -> Tensor:
         with torch.enable_grad():
-            if index == up.block:
-                return splice(up, tokens.detach(), codes, error, up.rows(tokens.detach()))
+            if index == up.block:   # one photo up to here, then one copy a target
+                tokens = tokens.detach().expand(k, *tokens.shape[1:])
+                return splice(up, tokens, codes, error, up.rows(tokens))
             if index == down.block:
                 _, down_codes, down_error = read(down, tokens)
                 picked = torch.gather(down_codes * down_state.code_gradient, 2,
@@ -226,10 +227,9 @@ def edges_between(loaded, pixels: Tensor, upstream: tuple[Site, SiteState], down
                 raise _Reached(torch.where(is_error, errors, picked))
         return tokens
 
-    batch = pixels[:1].expand(k, *pixels.shape[1:])
     with gradients(frozen):
         try:
-            traced(loaded, batch, edit, grad=True)
+            traced(loaded, pixels[:1], edit, grad=True)
         except _Reached as reached:
             scores = reached.scores
         else:   # pragma: no cover - the downstream site is always a block of the trace
@@ -244,7 +244,8 @@ def ablated(loaded, pixels: Tensor, sites: Sequence[Site], keep: Sequence[Tensor
             keep_errors: Tensor | bool = True) -> Tensor:
     """m's logits with, at every site in depth order, the concepts where `keep[s]` (b n bool) is False set to their
     baseline (the others computed from the patched pass), and the errors kept (True, or b x sites bool) or at
-    theirs: one batched forward, b = keep[s].shape[0]. -> b x classes logits."""
+    theirs: one forward of the photo to the first site, of b = keep[s].shape[0] copies from there. -> b x classes
+    logits."""
     b = keep[0].shape[0]
     at = {site.block: position for position, site in enumerate(sites)}
     errors = torch.as_tensor(keep_errors, device=pixels.device).expand(b, len(sites)) \
@@ -255,11 +256,11 @@ def ablated(loaded, pixels: Tensor, sites: Sequence[Site], keep: Sequence[Tensor
             return tokens
         s = at[index]
         site = sites[s]
-        rows, codes, error = read(site, tokens)
+        rows, codes, error = read(site, tokens.expand(b, *tokens.shape[1:]))   # one photo up to the first site
         codes_baseline, error_baseline = site.baseline(baseline, codes, error)
         codes = torch.where(keep[s][:, None, :], codes, codes_baseline)
         error = torch.where(errors[:, s, None, None], error, error_baseline)
-        return splice(site, tokens, codes, error, rows)
+        return splice(site, tokens.expand(b, *tokens.shape[1:]), codes, error, rows)
 
     with torch.inference_mode():
-        return traced(loaded, pixels[:1].expand(b, *pixels.shape[1:]), edit, grad=False).logits
+        return traced(loaded, pixels[:1], edit, grad=False).logits
