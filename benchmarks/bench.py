@@ -47,6 +47,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]   # vitviz and app.py; tests/' r
 
 from areas import (  # noqa: E402
     attribution,
+    circuits,
     clip,
     cnn,
     coldstart,
@@ -72,7 +73,7 @@ AREAS = (   # (the items it measures, its module), in the order they run
     (("coldstart", "memory"), coldstart), (("peak",), peak), (("attribution",), attribution),
     (("evaluate",), evaluate), (("quantus",), quantus), (("explain",), explain), (("decide",), decide),
     (("compare",), compare), (("clip",), clip), (("swin",), swin), (("cnn",), cnn), (("video",), video),
-    (("concepts",), concepts))
+    (("concepts",), concepts), (("circuits",), circuits))
 ITEMS = tuple(item for items, _ in AREAS for item in items)
 
 
