@@ -62,6 +62,15 @@ def in_photo(rectangles: Tensor, transform: Transform, image_size: tuple[int, in
     return (rectangles + shift) / rectangles.new_tensor([rh, rw, rh, rw])
 
 
+def grid_region(trace: Trace, block: int, transform: Transform, image_size: tuple[int, int]) -> Box:
+    """Where block `block`'s grid lies on a photo of `image_size` (h, w) through the model's `transform`: its tokens'
+    tiles in fractions of the photo, clipped to it, as (y0, x0, y1, x1). The cells of a dictionary across models cut
+    the same region where every model saw the whole photo (the bundled ones)."""
+    tiles = in_photo(token_rectangles(trace, block), transform, image_size)
+    low, high = tiles[:, :2].min(0).values.clamp(0, 1), tiles[:, 2:].max(0).values.clamp(0, 1)
+    return tuple(float(v) for v in (*low, *high))
+
+
 @dataclass(frozen=True)
 class Alignment:
     """The cells two or more models' tokens are resampled onto: their grid over the region every model saw (in

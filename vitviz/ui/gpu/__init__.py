@@ -14,8 +14,9 @@ Elsewhere (a CPU machine, a GPU Space) `spaces.GPU` changes nothing and these ar
 
 One module a job: `boundary.py` the decorator, loading and the trace every tab draws from; then each feature's
 GPU work in its own, `maps.py` (the first screen's maps and curves, the video's frames), `layers.py` (the Compare
-tab), `decisions.py` (What decides), `dictionaries.py` (Concepts). A new tab's GPU work is a new module here, its
-functions decorated with `boundary.gpu` and listed below, where the tabs call them as `gpu.<name>`.
+tab), `decisions.py` (What decides), `dictionaries.py` (Concepts), `circuits.py` (Circuits). A new tab's GPU work
+is a new module here, its functions decorated with `boundary.gpu` and listed below, where the tabs call them as
+`gpu.<name>`.
 """
 from .boundary import (
     DEVICE,
@@ -31,6 +32,7 @@ from .boundary import (
     trace,
     trace_seconds,
 )
+from .circuits import CircuitReading, circuits
 from .decisions import PATCH_BATCH, decide, patch
 from .dictionaries import (
     ConceptImage,
@@ -45,6 +47,7 @@ from .layers import Lens, cka, lens, receptive
 from .maps import FAITHFULNESS_S, MAPS_S, cards, class_maps, faithfulness, video_frames
 
 __all__ = ["DEVICE", "FAITHFULNESS_S", "LOCAL_ALLOWED", "MAPS_S", "PATCH_BATCH", "STARTING", "TRACE_LOADING_S",
-           "TRACE_S", "ZERO_GPU", "ConceptImage", "ConceptReading", "Concepts", "Lens", "Removal", "Traced", "cards",
-           "cka", "class_maps", "concepts", "decide", "dictionary_folder", "dictionary_source", "faithfulness",
-           "in_words", "lens", "load_model", "patch", "place", "receptive", "trace", "trace_seconds", "video_frames"]
+           "TRACE_S", "ZERO_GPU", "CircuitReading", "ConceptImage", "ConceptReading", "Concepts", "Lens", "Removal",
+           "Traced", "cards", "circuits", "cka", "class_maps", "concepts", "decide", "dictionary_folder",
+           "dictionary_source", "faithfulness", "in_words", "lens", "load_model", "patch", "place", "receptive",
+           "trace", "trace_seconds", "video_frames"]

@@ -15,7 +15,6 @@ from PIL import Image
 
 from ... import catalog, hub
 from ...gate import MODEL_GATE
-from ...models.trace import Trace
 from ...session import ModelRun
 from .boundary import gpu, models_of
 
@@ -66,17 +65,6 @@ def dictionary_folder(source: str) -> Path | None:
     if source and source not in catalog.DICTIONARIES and path.exists() and allowed_path(path):
         return path if path.is_dir() else path.parent
     return None
-
-
-def map_region(trace: Trace, block: int, transform, image_size: tuple[int, int]) -> Region:
-    """Where block `block`'s grid lies on a photo of `image_size` (h, w) through the model's `transform`: its tokens'
-    tiles (`align.token_rectangles`) in fractions of the photo, clipped to it. The cells of a dictionary across
-    models cut the same region (`photo.photo_codes` aligns the tiles with the whole photo)."""
-    from ...concepts.activations.align import in_photo, token_rectangles
-
-    tiles = in_photo(token_rectangles(trace, block), transform, image_size)
-    low, high = tiles[:, :2].min(0).values.clamp(0, 1), tiles[:, 2:].max(0).values.clamp(0, 1)
-    return tuple(float(v) for v in (*low, *high))
 
 
 @dataclass(frozen=True, eq=False)
@@ -216,13 +204,15 @@ def exemplar_images(index: Exemplars, concept: int, run: ModelRun, block: int) -
     """Concept `concept`'s top images from `index`, each with where its map lies on the thumbnail (the model's grid
     over the thumbnail's size; an index across models was built on the cells of the region every model saw,
     which is each model's own where all of them read the whole image, as the bundled ones do)."""
+    from ...concepts.activations.align import grid_region
+
     regions: dict[tuple[int, int], Region] = {}
     shown = []
     for exemplar in top_images(index, concept):
         thumbnail = np.asarray(exemplar.image)
         size = thumbnail.shape[:2]
         if size not in regions:
-            regions[size] = map_region(run.trace, block, run.loaded.transform, size)
+            regions[size] = grid_region(run.trace, block, run.loaded.transform, size)
         shown.append(ConceptImage(thumbnail=thumbnail, map=np.asarray(exemplar.map, np.float32), region=regions[size],
                                   value=float(exemplar.value), label=exemplar.label))
     return shown
@@ -280,6 +270,7 @@ def own_concepts(photo: PhotoConcepts) -> np.ndarray:
 def column_reading(run: ModelRun, reader: Reader, photo: PhotoConcepts, shown: np.ndarray,
                    partners: list | None) -> ConceptReading:
     """One model's `ConceptReading` of the concepts `shown`, from its photo's codes."""
+    from ...concepts.activations.align import grid_region
     from ...concepts.analysis.names import concept_names
 
     index, exemplar_words = exemplar_index(reader)
@@ -288,7 +279,7 @@ def column_reading(run: ModelRun, reader: Reader, photo: PhotoConcepts, shown: n
     return ConceptReading(
         source=reader.source, model=reader.model, block=reader.block, tokens=reader.tokens,
         n_concepts=reader.dictionary.n_concepts, grid=photo.grid,
-        region=map_region(run.trace, reader.block, run.loaded.transform, (run.image.height, run.image.width)),
+        region=grid_region(run.trace, reader.block, run.loaded.transform, (run.image.height, run.image.width)),
         top=photo.top, class_top=class_top, concepts=shown, activation=codes.mean(0), on_photo=(codes > 0).mean(0),
         maps=codes.T.reshape(len(shown), *photo.grid), at_cells=[photo.at(cell) for cell in range(len(photo.codes))],
         exemplars=None if index is None else [exemplar_images(index, int(c), run, reader.block) for c in shown],

@@ -1,0 +1,387 @@
+"""Circuits: which concepts, at which blocks and where on the photo, build each model's answer; the pair side by
+side. Each model's concept dictionaries at several depths are spliced into it (`vitviz.circuits`); a node is a
+concept (where it fires on the photo) or a block's error (what its dictionary misses), its effect what it adds to
+the class's logit, an edge how much one node moves the next. The class (by default the left model's top one), a
+contrast class, the baseline, the method and whether attention is held fixed are the page's; the share of each
+block's effect kept sizes the circuit. A click on a node, or the list, opens its card: its map, its top images,
+how often it fires, its strongest inputs and outputs, and what removing it does to the prediction.
+
+One GPU call reads both circuits for one set of choices (`gpu.circuits`, kept in the session); the pictures, the
+cards and the clicks are drawn from what it returned."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import gradio as gr
+import numpy as np
+
+from ..render.circuits import ERROR_CMAP, circuit_faithfulness, circuit_graph, graph_layout, node_at
+from ..render.concepts import cell_overlay, concept_card, exemplar_layout, photo_side
+from ..session import ModelRun
+from . import gpu
+from .concepts import change, exemplar_tiles, percent
+from .shared import HIDDEN, INSTANT, MODEL_EVENTS, Page, as_files, runs, session
+
+TITLE = "Circuits"
+WORDS = ("**Which concepts build each answer, block by block.** Each model's concept dictionaries at several depths "
+         "are spliced into it. A node is a concept and where it fires on the photo, or a block's *error* (dashed: "
+         "what its dictionary misses); the number under it is what it adds to the class's logit (red for, blue "
+         "against). An edge is how much one node moves the next, its width its size. Click a node, or pick it "
+         "from the list, for its card. *Faithfulness* F: how much of the answer the circuit alone gives (1 all of "
+         "it, 0 no more than every concept at its baseline).")
+WAITING = "Press **Explain** first: this panel reads both models on the image."
+TOP, NONE = "", ""   # the class box's value for the left model's top class; the contrast box's for none
+BASELINES = [("zero", "zero"), ("the data set's mean", "mean")]
+METHODS = [("attribution patching (one backward pass)", "atp"), ("integrated gradients (10 steps)", "ig")]
+SIDES = ("left", "right")
+SHARE, SHARE_RANGE = 0.8, (0.1, 1.0)
+
+
+class Shown(NamedTuple):
+    note: str
+    graph_a: np.ndarray | None
+    graph_b: np.ndarray | None
+    curves: np.ndarray | None
+    picker: object
+    card: np.ndarray | None
+    card_words: str
+    asked: tuple | None
+
+
+class Card(NamedTuple):
+    card: np.ndarray | None
+    words: str
+    graph_a: object
+    graph_b: object
+
+
+def class_box(key) -> tuple[gr.Dropdown, gr.Dropdown]:
+    """The class and contrast boxes for a new Explain: the left model's classes (the first classifier's)."""
+    labels = next((list(run.loaded.labels) for run in runs(key) if run.has_classifier), [])
+    return (gr.Dropdown(choices=[("the left model's top class", TOP), *labels], value=TOP),
+            gr.Dropdown(choices=[("none", NONE), *labels], value=NONE))
+
+
+def asked_for(runs_: list[ModelRun], target, contrast, baseline, method, frozen, share) -> tuple:
+    """The choices, checked, as the key of the session's reading: (target class, contrast class or None, baseline,
+    method, frozen, share); the target by default the left model's top class (the first classifier's)."""
+    if baseline not in dict((v, k) for k, v in BASELINES):
+        raise gr.Error(f"The baseline is zero or mean, not {baseline!r}.")
+    if method not in dict((v, k) for k, v in METHODS):
+        raise gr.Error(f"The method is atp (attribution patching) or ig (integrated gradients), not {method!r}.")
+    if share is None or not SHARE_RANGE[0] <= float(share) <= SHARE_RANGE[1]:
+        raise gr.Error(f"The circuit's size is a share of each block's effect from {SHARE_RANGE[0]} to "
+                       f"{SHARE_RANGE[1]}, not {share}.")
+    classifiers = [run for run in runs_ if run.has_classifier]
+    if not classifiers:
+        raise gr.Error("Neither model has a classifier (self-supervised): a circuit builds a class's logit.")
+    labels = set(label for run in classifiers for label in run.loaded.labels)
+    target = (target or "").strip() or classifiers[0].top(1)[0].label
+    contrast = (contrast or "").strip() or None
+    for name, value in (("class", target), ("contrast class", contrast)):
+        if value is not None and value not in labels:
+            raise gr.Error(f"Neither model has the {name} {value!r}: pick one of {', '.join(sorted(labels)[:12])}"
+                           f"{', ...' if len(labels) > 12 else ''}.")
+    if contrast == target:
+        raise gr.Error("The contrast class is the class itself: pick another one, or none.")
+    return target, contrast, baseline, method, bool(frozen), round(float(share), 2)
+
+
+def readings(key, asked: tuple, progress=None) -> list[gpu.CircuitReading | str]:
+    """Both models' circuits for the choices `asked` (`asked_for`'s): one `gpu.circuits` call the first time, kept in
+    the session."""
+    kept = session(key)
+    target, contrast, baseline, method, frozen, share = asked
+
+    def compute():
+        return gpu.circuits(kept.names, kept.picture, target, contrast, baseline=baseline, method=method,
+                            frozen=frozen, share=share, progress=progress)
+    return kept.reading(("circuits", *asked), compute)
+
+
+def graphs_of(found: list[gpu.CircuitReading | str]) -> list[dict | None]:
+    return [None if isinstance(reading, str) else reading.circuit.to_json() for reading in found]
+
+
+def shared_of(graphs: list[dict | None]) -> list[set[str]]:
+    """Per model, its nodes the other model's circuit holds too (none where a model has no circuit)."""
+    from ..circuits.pair import shared_nodes
+
+    if any(graph is None for graph in graphs):
+        return [set() for _ in graphs]
+    return shared_nodes(graphs)
+
+
+def sites_on_photo(run: ModelRun, graph: dict) -> dict:
+    """Each site's block -> (its stage, where its grid lies on the photo): `circuits.pair.places` on this run."""
+    from ..circuits.pair import places
+
+    return places(run.trace, run.loaded.transform, (run.image.height, run.image.width), graph)
+
+
+def graph_picture(run: ModelRun, graph: dict | None, shared: set[str], picked: str | None = None) -> np.ndarray | None:
+    """A model's graph drawn, `picked` framed; None where it has none."""
+    return None if graph is None else circuit_graph(graph, run.canvas, sites_on_photo(run, graph), shared=shared,
+                                                    picked=picked)
+
+
+def model_words(run: ModelRun, found: gpu.CircuitReading | str) -> str:
+    """A model's line: its metric, its dictionaries, the circuit's size, faithfulness and completeness, how well
+    attribution patching ranked the strongest nodes, and how attention was treated."""
+    if isinstance(found, str):
+        return f"**{run.name}**: {found}"
+    c = found.circuit
+    f, size = c.faithfulness, c.size
+    blocks = ", ".join(str(site["block"] + 1) for site in c.sites)
+    words = [f"**{run.name}**: {c.metric} = {c.value:.2f}, through {len(c.sites)} dictionar"
+             f"{'y' if len(c.sites) == 1 else 'ies'} (block{'s' * (len(c.sites) > 1)} {blocks}: "
+             f"{', '.join(found.sources)}); the circuit keeps {size['concept_nodes']} of "
+             f"{size['concepts_to_choose_from']:,} concepts and {size['edges']} edges"]
+    if f.get("value") is None:
+        words.append("faithfulness is undefined (every concept at its baseline leaves the answer as it is)")
+    else:
+        words.append(f"faithfulness **F = {f['value']:.2f}**, completeness {f['completeness']:.2f} (the model with "
+                     f"the circuit removed: near 0 is good)")
+    rho = (c.patching or {}).get("rank_correlation")
+    if rho is not None:
+        words.append(f"attribution patching ranks its {len(c.patching['nodes'])} strongest nodes as patching each "
+                     f"alone does with a rank correlation of {rho:.2f}")
+    words.append(f"{c.method}, {c.baseline} baseline; attention: {c.attention}")
+    return "; ".join(words) + "."
+
+
+def shared_words(found: list[gpu.CircuitReading | str], shared: list[set[str]]) -> str:
+    """The line on the nodes both circuits hold: the same concept of one dictionary across both models."""
+    if any(isinstance(reading, str) for reading in found):
+        return ""
+    across = [{site["dictionary"] for site in reading.circuit.sites if site["across"]} for reading in found]
+    common = sorted(across[0] & across[1])
+    if not common:
+        return ""
+    named = sorted({found[0].circuit.node(node).name for node in shared[0]})
+    if not named:
+        return (f"Both read {', '.join(common)} (one dictionary across both models), but no concept of it is in both "
+                f"circuits.")
+    return (f"Both read {', '.join(common)} (one dictionary across both models); {len(named)} of its concepts are in "
+            f"both circuits (framed green): {', '.join(named)}.")
+
+
+def picker_choices(runs_: list[ModelRun], graphs: list[dict | None]) -> list[tuple[str, str]]:
+    """Every node but the photo and the answer, as the node box lists them: (words, 'side:node id')."""
+    choices = []
+    for side, (run, graph) in enumerate(zip(runs_, graphs)):
+        for node in graph["nodes"] if graph else ():
+            if node["kind"] in ("concept", "error"):
+                choices.append((f"{SIDES[side]}, {run.name}, block {node['block'] + 1}: {node['name']} "
+                                f"({node['effect']:+.2f})", f"{side}:{node['id']}"))
+    return choices
+
+
+def render_circuits(key, target=TOP, contrast=NONE, baseline="zero", method="atp", frozen=False, share=SHARE,
+                    progress=gr.Progress()) -> Shown:
+    """Both models' circuits for one class (a GPU call the first time for these choices; kept afterwards): the
+    words, the two graphs, the faithfulness curves and the node box (nothing picked)."""
+    if key is None:
+        return Shown(WAITING, None, None, None, gr.Dropdown(choices=[], value=None), None, "", None)
+    runs_ = runs(key)
+    asked = asked_for(runs_, target, contrast, baseline, method, frozen, share)
+    found = readings(key, asked, progress=progress)
+    graphs = graphs_of(found)
+    shared = shared_of(graphs)
+    pictures = [graph_picture(run, graph, mine) for run, graph, mine in zip(runs_, graphs, shared)]
+    curves = {run.name: graph["faithfulness"] for run, graph in zip(runs_, graphs) if graph}
+    lines = [model_words(run, reading) for run, reading in zip(runs_, found)] + [shared_words(found, shared)]
+    return Shown("\n\n".join(line for line in lines if line), *pictures,
+                 circuit_faithfulness(curves, share=asked[-1]) if curves else None,
+                 gr.Dropdown(choices=picker_choices(runs_, graphs), value=None), None, "", asked)
+
+
+def name_of(circuit, node: str) -> str:
+    """A node as the card's lists name it: 'the photo', 'the logit of cat', or its block and name."""
+    found = circuit.node(node)
+    return found.name if found.block is None else f"block {found.block + 1} {found.name}"
+
+
+def edge_words(circuit, edges) -> str:
+    return ", ".join(f"{name_of(circuit, node)} ({edge.weight:+.3f})" for node, edge in edges) or "none kept"
+
+
+def removal_words(found: gpu.CircuitReading, node) -> str:
+    """What removing a concept from its block does to the target's probability, or why it cannot be removed."""
+    removal = found.removal.get(node.block)
+    if removal is None:
+        return ""
+    if isinstance(removal, str):
+        return f"**Remove this concept**: not here. {removal}"
+    probability, top = removal.without[node.concept]
+    moved = f"{removal.target} {change(removal.probability, probability)}"
+    return (f"**Remove this concept** from block {node.block + 1} (the rest of the model run on): {moved}"
+            + (f", {top} on top." if top != removal.target else f", {removal.target} still on top."))
+
+
+def card_words(run: ModelRun, found: gpu.CircuitReading, node, partner: str) -> str:
+    """The card's words: what the node is, its effect, how often it fires, its strongest inputs and outputs, what
+    removing it does, and its twin in the other model."""
+    c = found.circuit
+    site = next(site for site in c.sites if site["block"] == node.block)
+    at_class = "" if node.class_token is None else f" (at the class token {node.class_token:.2f})"
+    if node.kind == "error":
+        what = (f"**The error at block {node.block + 1}** of {run.name} ({site['dictionary']}): what the dictionary "
+                f"misses of the block's tokens, kept so the model stays exact. Its effect on {c.metric}: "
+                f"**{node.effect:+.3f}**{at_class}; its norm summed over the cells is {node.activation:.2f}.")
+    else:
+        what = (f"**{node.name}**, block {node.block + 1} of {run.name} ({site['dictionary']}"
+                f"{', across both models' if site['across'] else ''}): its effect on {c.metric} is "
+                f"**{node.effect:+.3f}** ({c.method}, {c.baseline} baseline); its codes sum to {node.activation:.2f} "
+                f"over the photo{at_class}.")
+        if node.id in found.frequency:
+            what += f" It fires on {percent(found.frequency[node.id])} of {found.data[node.block]}'s tokens."
+        elif node.block in found.index_words:
+            what += f" No top images: {found.index_words[node.block]}"
+    lines = [what,
+             "**Strongest inputs**: " + edge_words(c, [(e.source, e) for e in c.inputs(node.id)[:4]]),
+             "**Strongest outputs**: " + edge_words(c, [(e.target, e) for e in c.outputs(node.id)[:4]])]
+    if node.kind == "concept":
+        lines.append(removal_words(found, node))
+    lines.append(partner)
+    return "\n\n".join(line for line in lines if line)
+
+
+def card_picture(run: ModelRun, found: gpu.CircuitReading, node) -> np.ndarray:
+    """The card: the node's map over the photo (shaded where the model never saw it), its top images under it."""
+    thumbnail = run.canvas.thumbnail(photo_side(run.canvas.size))
+    base = thumbnail.shaded(thumbnail.fields[run.trace.blocks[node.block].stage])
+    region = sites_on_photo(run, {"sites": found.circuit.sites})[node.block][1]
+    values = np.abs(np.asarray(node.map, np.float32)).reshape(node.grid)
+    photo = cell_overlay(base, values, region, vmax=float(values.max()),
+                         **({"cmap": ERROR_CMAP} if node.kind == "error" else {}))
+    images = tuple(found.exemplars.get(node.id, ()))
+    tiles = exemplar_tiles(images, exemplar_layout(len(images))[1]) if images else ()
+    return concept_card(photo, tiles, title=f"{run.name}: {node.name}")
+
+
+def node_card(key, asked, picked) -> Card:
+    """The card of the node picked ('side:node id'), and both graphs with it framed."""
+    if key is None or asked is None or not picked:
+        return Card(None, "", gr.skip(), gr.skip())
+    side, node_id = picked.split(":", 1)
+    runs_, found = runs(key), readings(key, tuple(asked))
+    side = int(side)
+    reading = found[side]
+    if isinstance(reading, str) or node_id not in {n.id for n in reading.circuit.nodes}:
+        raise gr.Error(f"The {SIDES[side]} circuit has no node {node_id}: draw the circuits again.")
+    node = reading.circuit.node(node_id)
+    graphs = graphs_of(found)
+    shared = shared_of(graphs)
+    partner = ""
+    if node_id in shared[side]:
+        other = found[1 - side].circuit
+        twin = next(n for n in other.nodes if n.id in shared[1 - side] and n.concept == node.concept)
+        partner = (f"**In both models**: {runs_[1 - side].name}'s circuit holds the same concept at block "
+                   f"{twin.block + 1}, with effect {twin.effect:+.3f}.")
+    pictures = [graph_picture(run, graph, mine, node_id if k == side else None)
+                for k, (run, graph, mine) in enumerate(zip(runs_, graphs, shared))]
+    return Card(card_picture(runs_[side], reading, node), card_words(runs_[side], reading, node, partner), *pictures)
+
+
+def picked_at(side: int) -> Callable:
+    """The handler of a click on one side's graph: the node under it, as the node box's value (unchanged where the
+    click hit no node)."""
+    def pick(key, asked, evt: gr.SelectData):
+        if key is None or asked is None:
+            return gr.skip()
+        reading = readings(key, tuple(asked))[side]
+        if isinstance(reading, str):
+            return gr.skip()
+        node = node_at(graph_layout(reading.circuit.to_json()), tuple(evt.index))
+        kind = None if node is None else reading.circuit.node(node).kind
+        return f"{side}:{node}" if kind in ("concept", "error") else gr.skip()
+    return pick
+
+
+def circuits_open(evt: gr.SelectData) -> bool:
+    """Whether the top-level tab just selected is this one (an Explain then draws the circuits at once)."""
+    return evt.value == TITLE
+
+
+def after_explain(key) -> tuple:
+    """A new Explain: the class boxes for the left model, nothing drawn of the last photo."""
+    return (*class_box(key), *Shown("", None, None, None, gr.Dropdown(choices=[], value=None), None, "", None))
+
+
+def circuits_if_open(key, target, contrast, baseline, method, frozen, share, is_open: bool,
+                     progress=gr.Progress()) -> Shown:
+    if not is_open:
+        return Shown(*(gr.skip(),) * len(Shown._fields))
+    return render_circuits(key, target, contrast, baseline, method, frozen, share, progress=progress)
+
+
+@dataclass
+class CircuitsTab:
+    explained: Callable   # (an Explain's event, whether its endpoints are the documented ones) -> None
+
+
+def layout(page: Page) -> CircuitsTab:
+    key = page.key
+    with gr.Tab(TITLE, id="circuits") as tab:
+        gr.Markdown(WORDS)
+        with gr.Row(equal_height=True):
+            target = gr.Dropdown([("the left model's top class", TOP)], value=TOP, allow_custom_value=True,
+                                 label="class", info="the logit the circuit builds", min_width=180,
+                                 elem_id="circuits-class")
+            contrast = gr.Dropdown([("none", NONE)], value=NONE, allow_custom_value=True, label="contrast class",
+                                   info="optional: the class's logit minus this one's", min_width=180,
+                                   elem_id="circuits-contrast")
+            share = gr.Slider(*SHARE_RANGE, value=SHARE, step=0.05, label="circuit size",
+                              info="the share of each block's effect its concepts keep",
+                              min_width=220, elem_id="circuits-share")
+        with gr.Row(equal_height=True):
+            baseline = gr.Radio(BASELINES, value="zero", label="a node taken out is set to", min_width=200,
+                                elem_id="circuits-baseline")
+            method = gr.Radio(METHODS, value="atp", label="effects by", min_width=260, elem_id="circuits-method")
+            frozen = gr.Checkbox(label="hold attention fixed (its patterns and norm scales: this photo's constants)",
+                                 min_width=200, elem_id="circuits-frozen")
+            draw = gr.Button("Draw the circuits", variant="primary", min_width=160, elem_id="circuits-draw")
+        note = gr.Markdown(elem_id="circuits-note")
+        with gr.Row(equal_height=False):
+            graph_a = gr.Image(label="left: its circuit (click a node)", interactive=False, min_width=300,
+                               elem_id="circuits-graph-a")
+            graph_b = gr.Image(label="right: its circuit (click a node)", interactive=False, min_width=300,
+                               elem_id="circuits-graph-b")
+        curves = gr.Image(label="faithfulness against the circuit's size", interactive=False, height=300,
+                          elem_id="circuits-curves")
+        picker = gr.Dropdown([], value=None, label="a node's card", info="or click it in a graph",
+                             elem_id="circuits-node")
+        with gr.Row(equal_height=False):
+            card = gr.Image(label="where it fires, its top images", interactive=False, min_width=300,
+                            elem_id="circuits-card")
+            words = gr.Markdown(elem_id="circuits-card-words")
+
+    with tab:   # not among the top-level Tabs' children, which Gradio's frontend counts as its tabs' indices
+        is_open, asked = gr.State(False), gr.State(None)
+    choices = [target, contrast, baseline, method, frozen, share]
+    outputs = [note, graph_a, graph_b, curves, picker, card, words, asked]
+    draw.click(as_files(render_circuits), inputs=[key, *choices], outputs=outputs, api_name="circuit",
+               **MODEL_EVENTS)
+    tab.select(as_files(render_circuits), inputs=[key, *choices], outputs=outputs, api_name=None, **MODEL_EVENTS,
+               **HIDDEN)
+    for control in (target.input, contrast.input, baseline.input, method.input, frozen.input, share.release):
+        control(as_files(render_circuits), inputs=[key, *choices], outputs=outputs, api_name=None, **MODEL_EVENTS,
+                **HIDDEN)
+    picker.change(as_files(node_card), inputs=[key, asked, picker], outputs=[card, words, graph_a, graph_b],
+                  api_name=None, **INSTANT, **HIDDEN)
+    for side, graph in enumerate((graph_a, graph_b)):
+        graph.select(picked_at(side), inputs=[key, asked], outputs=[picker], api_name=None, **INSTANT, **HIDDEN)
+    page.tabs.select(circuits_open, outputs=[is_open], api_name="circuits_open", **INSTANT, **HIDDEN)
+
+    def explained(event, public: bool) -> None:
+        """After an Explain: the class boxes for the new models, the last photo's circuits cleared and, with this tab
+        open, the new photo's (a model pass)."""
+        cleared = event.success(after_explain, inputs=[key], outputs=[target, contrast, *outputs], api_name=None,
+                                **INSTANT, **HIDDEN)
+        cleared.success(as_files(circuits_if_open), inputs=[key, *choices, is_open], outputs=outputs, api_name=None,
+                        **MODEL_EVENTS, **HIDDEN)
+
+    return CircuitsTab(explained=explained)
