@@ -1,6 +1,7 @@
 """Circuits of concepts (`vitviz.circuits`): node and edge effects against closed forms on a linear toy network,
 against finite differences and activation patching on the bundled ViT, the completeness of integrated gradients,
 faithfulness's ends, every family, and bad input in words."""
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -147,8 +148,6 @@ def vit_setup():
 
 def _photo() -> Image.Image:
     """A CIFAR-10-sized photo from the repository's examples (no data set needed)."""
-    from pathlib import Path
-
     photo = sorted(p for p in (Path(__file__).parent.parent / "assets").iterdir()
                    if p.suffix.lower() in (".jpg", ".jpeg", ".png"))[0]
     return Image.open(photo).convert("RGB").resize((32, 32))
@@ -274,6 +273,26 @@ def test_every_family_has_a_circuit(family):
         at_baseline = float(Metric(2)(ablated(loaded, pixels, sites, keep, baseline="zero", keep_errors=errors))[0])
         total = site["concept_effect"] + site["error_effect"]
         assert total == pytest.approx(graph.value - at_baseline, abs=1e-3)
+
+
+def test_a_dictionary_across_models_names_the_same_concepts_in_both_graphs():
+    """With one dictionary across a Swin and a ResNet at their last blocks (their grids feed their classifiers), the
+    photo's cat is built from concepts both graphs name by the same number; a ViT's last grid feeds nothing, said
+    in words. The cells' write-back is exact: what is written is read back."""
+    photo = Image.open(Path(__file__).parent.parent / "assets" / "cat_chelsea.jpg").convert("RGB")
+    graphs = {name: photo_circuit(hub.load(name), photo, dictionaries=["across-cifar10"], target=3)
+              for name in ("swin-cifar10", "resnet-cifar10", "vit-cifar10")}
+    tops = {name: [n.concept for n in graph.nodes if n.kind == "concept"][:5] for name, graph in graphs.items()}
+    assert set(tops["swin-cifar10"]) & set(tops["resnet-cifar10"]), tops
+    assert all(graph.sites[0]["across"] for graph in graphs.values())
+    assert tops["vit-cifar10"] == [] and "class token alone" in graphs["vit-cifar10"].notes[0]
+    assert graphs["vit-cifar10"].faithfulness["value"] is None
+    loaded = hub.load("resnet-cifar10")
+    with torch.inference_mode():
+        trace = loaded.model.trace(loaded.preprocess(photo), attention=False)
+    (source, across, _), = load_dictionaries(["across-cifar10"])
+    site, = sites_of(loaded, trace, [(source, across)], image_size=(photo.height, photo.width))
+    torch.testing.assert_close(site.read @ site.write, torch.eye(site.read.shape[0]), atol=1e-5, rtol=0)
 
 
 # ---- bad input, in words -------------------------------------------------------------------------------------

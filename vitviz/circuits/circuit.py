@@ -41,6 +41,7 @@ from .sites import Site
 ERRORS = ("kept", "removed")
 CURVE = 11    # points of the faithfulness curve: shares 0, 0.1, ..., 1
 CHECKED = 8   # strongest nodes whose attribution is checked against activation patching
+NOTHING = 1e-6   # of |m| (at least 1): an effect this small is rounding, not a concept's
 
 
 def circuit(loaded, pixels: Tensor, sites: Sequence[Site], metric: Metric, *, baseline: str = "zero",
@@ -63,7 +64,8 @@ def circuit(loaded, pixels: Tensor, sites: Sequence[Site], metric: Metric, *, ba
     estimates = [state.effects.clone() for state in states]   # attribution patching's, before any refinement
     if method == "ig":
         integrated_gradients(loaded, pixels, sites, states, metric, steps=steps, frozen=frozen)
-    kept = [kept_concepts(state.effects, share=share, most=most) for state in states]
+    floor = NOTHING * max(1.0, abs(value))
+    kept = [kept_concepts(state.effects, share=share, most=most, floor=floor) for state in states]
     nodes = [Node(id=INPUT, kind="input", name="the photo")]
     for s, (site, state) in enumerate(zip(sites, states)):
         named = (names[s] if names else None) or {}
@@ -80,8 +82,13 @@ def circuit(loaded, pixels: Tensor, sites: Sequence[Site], metric: Metric, *, ba
         errors=errors, share=share, edge_share=edge_share,
         sites=[_site_record(site, state) for site, state in zip(sites, states)], nodes=nodes, edges=edges,
         candidates=sum(site.dictionary.n_concepts for site in sites))
+    result.notes = [f"Nothing at block {site.block} moves the answer: what {site.source} reads there is not read on "
+                    f"the way to the classifier (a ViT's or a CvT's classifier reads the last block's class token "
+                    f"alone; a dictionary of its grid cannot change the answer)."
+                    for site, state in zip(sites, states)
+                    if float(state.effects.abs().sum()) + abs(state.error_effect) <= floor]
     result.faithfulness = faithfulness(loaded, pixels, sites, states, metric, value=value, baseline=baseline,
-                                       share=share, most=most, errors=errors)
+                                       share=share, most=most, errors=errors, floor=floor)
     result.patching = patching_check(loaded, pixels, sites, states, estimates, metric, value=value,
                                      baseline=baseline)
     return result
@@ -140,13 +147,15 @@ def _edges(loaded, pixels: Tensor, sites: Sequence[Site], states: Sequence[SiteS
 
 
 def faithfulness(loaded, pixels: Tensor, sites: Sequence[Site], states: Sequence[SiteState], metric: Metric, *,
-                 value: float, baseline: str, share: float = SHARE, most: int = MOST, errors: str = "kept") -> dict:
+                 value: float, baseline: str, share: float = SHARE, most: int = MOST, errors: str = "kept",
+                 floor: float = 0.0) -> dict:
     """F and completeness of the circuit at `share`, and F over the shares 0, 0.1, ..., 1 (with each point's
     number of concept nodes): one batched forward."""
     shares = np.linspace(0, 1, CURVE).tolist()
-    circuits = [[kept_concepts(state.effects, share=s, most=state.effects.numel()) for state in states]
+    circuits = [[kept_concepts(state.effects, share=s, most=state.effects.numel(), floor=floor) for state in states]
                 for s in shares]   # the curve: every concept the share asks for
-    circuits.append([kept_concepts(state.effects, share=share, most=most) for state in states])   # the one drawn
+    circuits.append([kept_concepts(state.effects, share=share, most=most, floor=floor)   # the one drawn
+                     for state in states])
     masks = []
     for chosen in circuits:
         masks.append([_mask(state, concepts) for state, concepts in zip(states, chosen)])
@@ -158,7 +167,7 @@ def faithfulness(loaded, pixels: Tensor, sites: Sequence[Site], states: Sequence
     span = value - empty
 
     def ratio(x: float) -> float | None:
-        return None if abs(span) < 1e-9 else (x - empty) / span
+        return None if abs(span) <= max(floor, 1e-9) else (x - empty) / span   # nothing to hold
 
     nodes = [sum(len(c) for c in chosen) for chosen in circuits]
     return {"value": ratio(float(m[CURVE])), "completeness": ratio(float(m[CURVE + 1])), "full": value,

@@ -27,12 +27,13 @@ MOST = 12           # concepts a site shows at most: a column a person can read
 DIGITS = 5          # significant digits kept in the JSON
 
 
-def kept_concepts(effects: Tensor, *, share: float = SHARE, most: int = MOST) -> list[int]:
+def kept_concepts(effects: Tensor, *, share: float = SHARE, most: int = MOST, floor: float = 0.0) -> list[int]:
     """The fewest concepts, largest |effect| first, holding `share` of the total |effect| (at most `most`; none
-    whose effect is 0)."""
+    whose |effect| is `floor` or less: rounding's size, nothing a concept does)."""
     if not 0 <= share <= 1:
         raise ValueError(f"share must be from 0 to 1, not {share}")
     size = effects.abs().double().cpu()
+    size[size <= floor] = 0
     total = float(size.sum())
     if share == 0 or total == 0:
         return []
@@ -92,6 +93,7 @@ class Circuit:
     faithfulness: dict = field(default_factory=dict)
     patching: dict = field(default_factory=dict)
     candidates: int = 0               # concept nodes there were to choose from (every site's concepts)
+    notes: list[str] = field(default_factory=list)   # what a reader must know to read it, in words
 
     def node(self, node: str) -> Node:
         return next(n for n in self.nodes if n.id == node)
