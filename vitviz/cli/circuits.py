@@ -1,0 +1,144 @@
+"""`vitviz circuits`: one photo's circuit of concepts through each model (`vitviz.circuits.photo_circuit`), the graph's
+JSON and a picture of it per model, for the same class; nodes the models share (one dictionary across them) framed.
+
+    python -m vitviz circuits PHOTO --models vit-cifar10 cvt-cifar10 --out DIR [--dictionaries SOURCE...]
+
+Every input is checked before anything runs, and the files are written only once every circuit is computed, each
+atomically: a bad input writes nothing."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .. import catalog, hub
+from ..circuits import BASELINES, EDGE_SHARE, IG_STEPS, METHODS, SHARE, photo_circuit
+from ..circuits.pair import places, shared_nodes, sources_for
+from ..concepts import ConceptsError
+from ..files import png_bytes, safe_name, write_atomic
+from ..image import ImageError, read_image
+from ..render.circuits import circuit_graph
+from ..session import ModelRun
+from .common import UsageError, prepare_out
+
+SHOWN = 5   # the strongest concept nodes printed per model
+
+
+def file_names(model: str) -> tuple[str, str]:
+    """The graph's JSON and its picture, for one model."""
+    return f"circuit-{safe_name(model)}.json", f"circuit-{safe_name(model)}.png"
+
+
+def class_index(loaded, name: str | None, what: str) -> int | None:
+    """A class name (or its number) -> its index among the model's labels, refused in words."""
+    if name is None:
+        return None
+    labels = list(loaded.labels or ())
+    if not labels:
+        raise UsageError(f"{loaded.name} has no classifier, so it has no {what} {name!r}.")
+    if name in labels:
+        return labels.index(name)
+    if name.isdigit() and int(name) < len(labels):
+        return int(name)
+    shown = ", ".join(labels[:12]) + (", ..." if len(labels) > 12 else "")
+    raise UsageError(f"--{what.split()[0]} {name!r} is not a class of {loaded.name} ({shown}).")
+
+
+def checked(args) -> tuple:
+    """Every input, checked before any circuit is computed: (the photo, the loaded models, each one's dictionaries,
+    the class names)."""
+    if not 0 < args.share <= 1 or not 0 <= args.edge_share <= 1:
+        raise UsageError(f"--share is from 0 (exclusive) to 1 and --edge-share from 0 to 1, not {args.share} and "
+                         f"{args.edge_share}")
+    if args.steps < 1:
+        raise UsageError(f"--steps must be at least 1, not {args.steps}")
+    if len(set(args.models)) != len(args.models):
+        raise UsageError(f"--models names a model twice: {' '.join(args.models)}")
+    photo = Path(args.photo)
+    if not photo.is_file():
+        raise UsageError(f"{photo} does not exist" if not photo.exists() else f"{photo} is not a file")
+    try:
+        image = read_image(photo)
+    except ImageError as e:
+        raise UsageError(f"{photo}: {e}") from None
+    loaded = [hub.load(name, device=args.device) for name in args.models]
+    try:
+        sources = sources_for(loaded, args.dictionaries)
+    except ConceptsError as e:
+        raise UsageError(f"--dictionaries: {e}") from None
+    for model in loaded:   # the same class for every model: each must have it
+        class_index(model, args.target, "class")
+        class_index(model, args.contrast, "contrast class")
+    return image, loaded, sources
+
+
+def cmd_circuits(args) -> int:
+    """Each model's circuit of the photo (the same class for all: by default the first model's top class), its JSON
+    and picture in --out, its size, faithfulness and strongest nodes printed."""
+    image, loaded, sources = checked(args)
+    runs = [ModelRun(model, image) for model in loaded]
+    first = next((run for run in runs if run.has_classifier), None)
+    target = args.target if args.target is not None or first is None else first.top(1)[0].label
+    graphs = []
+    for model, chosen in zip(loaded, sources):
+        try:
+            circuit = photo_circuit(model, image, dictionaries=chosen, target=class_index(model, target, "class"),
+                                    contrast=class_index(model, args.contrast, "contrast class"),
+                                    baseline=args.baseline, method=args.method, steps=args.steps, frozen=args.frozen,
+                                    share=args.share, edge_share=args.edge_share)
+        except ConceptsError as e:
+            raise UsageError(f"{model.name}: {e}") from None
+        graphs.append(circuit.to_json())
+        report(circuit, chosen)
+    shared = shared_nodes(graphs)
+    if shared[0]:
+        print(f"{len(shared[0])} concept(s) of one dictionary across the models are in every circuit (framed green)")
+    out = prepare_out(Path(args.out))
+    size = (image.height, image.width)
+    for run, graph, mine in zip(runs, graphs, shared):
+        data, picture = file_names(run.name)
+        drawn = circuit_graph(graph, run.canvas, places(run.trace, run.loaded.transform, size, graph), shared=mine)
+        write_atomic(out / data, (json.dumps(graph, indent=1) + "\n").encode())
+        write_atomic(out / picture, png_bytes(drawn))
+    print(f"wrote {len(graphs) * 2} files to {out}: " + ", ".join(n for run in runs for n in file_names(run.name)))
+    return 0
+
+
+def report(circuit, sources: list[str]) -> None:
+    """A circuit's size, faithfulness and strongest concept nodes, printed."""
+    f, size = circuit.faithfulness, circuit.size
+    value = "undefined" if f["value"] is None else f"{f['value']:.3f}"
+    completeness = "undefined" if f["completeness"] is None else f"{f['completeness']:.3f}"
+    print(f"{circuit.model}: {circuit.metric} = {circuit.value:.3f} through {', '.join(sources)}")
+    print(f"  {size['concept_nodes']} of {size['concepts_to_choose_from']:,} concepts, {size['nodes']} nodes, "
+          f"{size['edges']} edges; faithfulness {value}, completeness {completeness} ({circuit.method}, "
+          f"{circuit.baseline} baseline, attention {circuit.attention.split(' (')[0]})")
+    strongest = sorted((n for n in circuit.nodes if n.kind == "concept"), key=lambda n: -abs(n.effect))[:SHOWN]
+    for node in strongest:
+        print(f"  block {node.block + 1:>2}  {node.effect:+.3f}  {node.name}")
+
+
+def add_parser(sub) -> None:
+    """`circuits` under the main parser."""
+    c = sub.add_parser("circuits", help="one photo's circuit of concepts through each model: the graph as JSON and "
+                                        "a picture")
+    c.add_argument("photo", help="an image file")
+    c.add_argument("--models", nargs="+", default=list(catalog.BUNDLED_PAIR), help="catalog names, Hub ids or folders")
+    c.add_argument("--dictionaries", nargs="+", default=None, metavar="SOURCE",
+                   help="concept dictionaries (bundled names, folders, files, Hub ids), each used for the model it "
+                        "was trained on (one across models: for each of them; a folder of block<N> folders: each "
+                        "block); default: the bundled models' circuit dictionaries")
+    c.add_argument("--out", required=True, help="output folder")
+    c.add_argument("--class", dest="target", default=None, metavar="NAME",
+                   help="the class whose logit the circuit builds (default: the first model's top class)")
+    c.add_argument("--contrast", default=None, metavar="NAME", help="a class whose logit is subtracted")
+    c.add_argument("--baseline", default="zero", choices=BASELINES,
+                   help="what a node taken out is set to: zero, or its mean over a data set (means.safetensors)")
+    c.add_argument("--method", default="atp", choices=METHODS,
+                   help="node effects by attribution patching (atp) or integrated gradients (ig)")
+    c.add_argument("--steps", type=int, default=IG_STEPS, help="integrated gradients' steps")
+    c.add_argument("--frozen", action="store_true", help="hold attention patterns and norm scales fixed")
+    c.add_argument("--share", type=float, default=SHARE, help="the share of each block's effect its concepts keep")
+    c.add_argument("--edge-share", type=float, default=EDGE_SHARE,
+                   help="an edge is kept at this share of its target's inflow")
+    c.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    c.set_defaults(run=cmd_circuits)
