@@ -320,3 +320,16 @@ def test_bad_input_is_refused_in_words(vit_setup):
     (_, middle, _), = load_dictionaries(["vit-cifar10-middle"])
     with pytest.raises(ConceptsError, match="not on block 5"):
         sites_of(loaded, trace, [("vit-cifar10-middle", middle)], blocks=[5])
+
+
+def test_faithfulness_over_a_data_set_averages_each_images_curve(cifar10_test):
+    from vitviz.circuits import data_faithfulness
+
+    loaded = hub.load("vit-cifar10")
+    report = data_faithfulness(loaded, cifar10_test, dictionaries=["vit-cifar10-middle", "vit-cifar10-last"],
+                               indices=[0, 500, 999], progress=False)
+    curve = report["curve"]
+    assert report["images"] == 3 and [p["share"] for p in curve] == [round(0.1 * k, 2) for k in range(11)]
+    assert curve[0]["faithfulness"] == pytest.approx(0, abs=1e-9) and curve[0]["concept_nodes"] == 0
+    assert curve[-1]["faithfulness"] == pytest.approx(1, abs=1e-4)
+    assert all(a["concept_nodes"] <= b["concept_nodes"] for a, b in zip(curve, curve[1:]))

@@ -21,14 +21,14 @@ from PIL import Image
 
 from .. import catalog
 from ..concepts.kinds.dictionary import ConceptsError
-from .circuit import circuit, faithfulness, patching_check, rank_correlation
+from .circuit import circuit, faithfulness, faithfulness_over, patching_check, rank_correlation
 from .effects import BASELINES, IG_STEPS, METHODS, Metric
 from .graph import EDGE_SHARE, MOST, SHARE, Circuit, Edge, Node, kept_concepts
 from .sites import Site, sites_of
 
 __all__ = ["BASELINES", "Circuit", "EDGE_SHARE", "Edge", "IG_STEPS", "METHODS", "MOST", "Metric", "Node", "SHARE",
-           "Site", "circuit", "faithfulness", "folder_of", "kept_concepts", "load_dictionaries", "patching_check",
-           "photo_circuit", "rank_correlation", "sites_of"]
+           "Site", "circuit", "data_faithfulness", "faithfulness", "faithfulness_over", "folder_of", "kept_concepts",
+           "load_dictionaries", "patching_check", "photo_circuit", "rank_correlation", "sites_of"]
 
 
 def folder_of(source: str | Path) -> Path | None:
@@ -74,6 +74,17 @@ def photo_circuit(loaded, image: Image.Image, *, dictionaries: Sequence[str | Pa
                      image_size=(image.height, image.width), folders=[folder for _, _, folder in found])
     return circuit(loaded, pixels, sites, Metric(target, contrast),
                    names=[concept_names(site) for site in sites] if names else None, **settings)
+
+
+def data_faithfulness(loaded, data, *, dictionaries: Sequence[str | Path], indices: Sequence[int], **settings) -> dict:
+    """`faithfulness_over` a data set's images `indices` with `dictionaries` (sources, in depth order), loaded once;
+    `settings`: its keywords (baseline, method, steps, frozen, errors, progress)."""
+    found = load_dictionaries(dictionaries)
+
+    def sites_for(trace, image: Image.Image) -> list[Site]:
+        return sites_of(loaded, trace, [(source, dictionary) for source, dictionary, _ in found],
+                        image_size=(image.height, image.width), folders=[folder for _, _, folder in found])
+    return faithfulness_over(loaded, data, sites_for, indices=indices, **settings)
 
 
 def concept_names(site: Site) -> dict[int, str] | None:

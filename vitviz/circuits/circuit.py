@@ -172,7 +172,7 @@ def faithfulness(loaded, pixels: Tensor, sites: Sequence[Site], states: Sequence
     nodes = [sum(len(c) for c in chosen) for chosen in circuits]
     return {"value": ratio(float(m[CURVE])), "completeness": ratio(float(m[CURVE + 1])), "full": value,
             "empty": empty, "circuit": float(m[CURVE]), "without_circuit": float(m[CURVE + 1]),
-            "curve": [{"share": s, "concept_nodes": n, "faithfulness": ratio(float(x))}
+            "curve": [{"share": round(s, 2), "concept_nodes": n, "faithfulness": ratio(float(x))}
                       for s, n, x in zip(shares, nodes, m[:CURVE].tolist())],
             "errors": errors}
 
@@ -220,3 +220,36 @@ def _ranks(x: np.ndarray) -> np.ndarray:
         tied = x == value
         ranks[tied] = ranks[tied].mean()
     return ranks
+
+
+def faithfulness_over(loaded, data, sites_for, *, indices: Sequence[int], baseline: str = "zero",
+                      method: str = "atp", steps: int = IG_STEPS, frozen: bool = False, errors: str = "kept",
+                      progress: bool = True) -> dict:
+    """The faithfulness curve over a data set: each image's circuit of its model's top class (its nodes; no edges
+    are needed to ablate), its F at each share, and per share the mean over the images whose F is defined (and how
+    many), with the mean completeness at every share. `sites_for(trace, image)` gives an image's sites."""
+    from tqdm import tqdm
+
+    curves, completeness = [], []
+    for i in tqdm(indices, desc=f"circuits of {loaded.name}", unit="image", disable=not progress):
+        image = data.image(i)
+        pixels = loaded.preprocess(image).to(loaded.device)
+        with torch.inference_mode():
+            trace = loaded.model.trace(pixels, attention=False)
+        sites = sites_for(trace, image)
+        metric = Metric(int(trace.logits[0].argmax()))
+        value, states = attribution(loaded, pixels, sites, metric, baseline=baseline, frozen=frozen)
+        if method == "ig":
+            integrated_gradients(loaded, pixels, sites, states, metric, steps=steps, frozen=frozen)
+        result = faithfulness(loaded, pixels, sites, states, metric, value=value, baseline=baseline, errors=errors,
+                              floor=NOTHING * max(1.0, abs(value)))
+        curves.append([(point["faithfulness"], point["concept_nodes"]) for point in result["curve"]])
+        completeness.append(result["completeness"])
+    points = []
+    for k, share in enumerate(np.linspace(0, 1, CURVE).tolist()):
+        values = [curve[k][0] for curve in curves if curve[k][0] is not None]
+        points.append({"share": round(share, 2), "faithfulness": float(np.mean(values)) if values else None,
+                       "concept_nodes": float(np.mean([curve[k][1] for curve in curves])), "images": len(values)})
+    defined = [c for c in completeness if c is not None]
+    return {"model": loaded.name, "images": len(curves), "baseline": baseline, "errors": errors, "curve": points,
+            "completeness_at_default_share": float(np.mean(defined)) if defined else None}
