@@ -51,6 +51,8 @@ def checked(args) -> tuple:
                          f"{args.edge_share}")
     if args.steps < 1:
         raise UsageError(f"--steps must be at least 1, not {args.steps}")
+    if args.contrast is not None and args.contrast == args.target:
+        raise UsageError(f"--contrast {args.contrast!r} is the class itself: pick another one, or none")
     if len(set(args.models)) != len(args.models):
         raise UsageError(f"--models names a model twice: {' '.join(args.models)}")
     photo = Path(args.photo)

@@ -1,0 +1,84 @@
+"""`vitviz circuits`: each model's circuit of one photo as the graph's JSON and its picture, the settings passed on
+to `circuits.photo_circuit` (the library's own graph, computed here, is the reference), the dictionaries each model
+reads, and every bad input refused in words with nothing written."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import vitviz
+from vitviz import catalog, cli
+from vitviz.circuits import photo_circuit
+from vitviz.circuits.pair import default_sources, sources_for
+from vitviz.concepts import ConceptsError
+from vitviz.render.circuits import graph_layout
+
+ROOT = Path(__file__).resolve().parents[1]
+PHOTO = ROOT / "assets" / "cat_chelsea.jpg"
+PAIR = ("vit-cifar10", "cvt-cifar10")
+# two depths of the ViT (given last-first: the command orders them), the CvT's last block: small enough to be quick
+DICTIONARIES = ("vit-cifar10-last", "vit-cifar10-middle", "cvt-cifar10-last")
+
+
+def run(*args: str) -> int:
+    return cli.main(["circuits", *args])
+
+
+@pytest.mark.slow
+def test_the_command_writes_each_models_graph_and_picture_for_the_class_asked(tmp_path, capsys):
+    out = tmp_path / "circuits"
+    assert run(str(PHOTO), "--models", *PAIR, "--dictionaries", *DICTIONARIES, "--class", "dog", "--share", "0.6",
+               "--out", str(out)) == 0
+    printed = capsys.readouterr().out
+    written = sorted(p.name for p in out.iterdir())
+    assert written == sorted(f"circuit-{m}.{ext}" for m in PAIR for ext in ("json", "png"))
+    image = Image.open(PHOTO).convert("RGB")
+    for name, sources in zip(PAIR, (["vit-cifar10-middle", "vit-cifar10-last"], ["cvt-cifar10-last"])):
+        graph = json.loads((out / f"circuit-{name}.json").read_text())
+        loaded = vitviz.load(name)
+        reference = photo_circuit(loaded, image, dictionaries=sources, target=loaded.labels.index("dog"), share=0.6)
+        assert graph == json.loads(json.dumps(reference.to_json()))   # the JSON round trip: tuples become lists
+        assert graph["target_label"] == "dog" and [s["dictionary"] for s in graph["sites"]] == sources
+        picture = np.asarray(Image.open(out / f"circuit-{name}.png"))
+        assert picture.shape == (*graph_layout(graph).size, 3) and picture.std() > 10
+        f = graph["faithfulness"]
+        assert f"{name}: the logit of dog" in printed and f"faithfulness {f['value']:.3f}" in printed
+        strongest = max((n for n in graph["nodes"] if n["kind"] == "concept"), key=lambda n: abs(n["effect"]))
+        assert strongest["name"] in printed
+
+
+def test_by_default_a_dictionary_across_exactly_the_models_asked_for_takes_the_place_of_each_ones_own():
+    models = [vitviz.load(name) for name in catalog.CIRCUIT_DICTIONARIES]   # the four bundled models
+    assert "across-cifar10" in default_sources([m.name for m in models])
+    for model, sources in zip(models, sources_for(models)):
+        own = [s for s in catalog.CIRCUIT_DICTIONARIES[model.name] if s in default_sources([model.name])]
+        assert sources == [*own[:-1], "across-cifar10"], model.name   # in place of the last block's own
+    assert "across-cifar10" not in default_sources(list(PAIR))       # it is across four models, not this pair
+    with pytest.raises(ConceptsError, match="both read block 6 of vit-cifar10"):
+        sources_for(models[:2], ["across-cifar10", "vit-cifar10-last", "cvt-cifar10-last"])
+    with pytest.raises(ConceptsError, match="vitviz has no default dictionaries for vit-base: name them"):
+        default_sources(["vit-cifar10", "vit-base"])
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--models", "vit-cifar10", "--dictionaries", "cvt-cifar10-last"],
+     "cvt-cifar10-last was trained on cvt-cifar10, which is none of the models asked for (vit-cifar10)"),
+    (["--dictionaries", *DICTIONARIES, "--class", "zebra"], "--class 'zebra' is not a class of vit-cifar10"),
+    (["--dictionaries", *DICTIONARIES, "--contrast", "cat", "--class", "cat"], "--contrast 'cat' is the class itself"),
+    (["--dictionaries", *DICTIONARIES, "--share", "1.5"], "--share is from 0"),
+], ids=["a dictionary of another model", "a class outside the labels", "the contrast is the class", "a share above 1"])
+def test_a_bad_input_is_refused_in_words_and_nothing_is_written(tmp_path, capsys, args, words):
+    out = tmp_path / "out"
+    assert run(str(PHOTO), *args, "--out", str(out)) == 2
+    assert words in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_a_missing_photo_is_refused_before_any_model_loads(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(vitviz.hub, "load", lambda *a, **k: pytest.fail("a model was loaded"))
+    out = tmp_path / "out"
+    assert run(str(tmp_path / "no-such.jpg"), "--out", str(out)) == 2
+    assert "no-such.jpg does not exist" in capsys.readouterr().err and not out.exists()
+
