@@ -6,8 +6,8 @@ contrast class, the baseline, the method and whether attention is held fixed are
 block's effect kept sizes the circuit. A click on a node, or the list, opens its card: its map, its top images,
 how often it fires, its strongest inputs and outputs, and what removing it does to the prediction.
 
-One GPU call reads both circuits for one set of choices (`gpu.circuits`, kept in the session); the pictures, the
-cards and the clicks are drawn from what it returned."""
+One GPU call reads both circuits for one set of choices (`gpu.read_circuits`, kept in the session); the pictures,
+the cards and the clicks are drawn from what it returned."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -90,13 +90,13 @@ def asked_for(runs_: list[ModelRun], target, contrast, baseline, method, frozen,
 
 
 def readings(key, asked: tuple, progress=None) -> list[gpu.CircuitReading | str]:
-    """Both models' circuits for the choices `asked` (`asked_for`'s): one `gpu.circuits` call the first time, kept in
-    the session."""
+    """Both models' circuits for the choices `asked` (`asked_for`'s): one `gpu.read_circuits` call the first time,
+    kept in the session."""
     kept = session(key)
     target, contrast, baseline, method, frozen, share = asked
 
     def compute():
-        return gpu.circuits(kept.names, kept.picture, target, contrast, baseline=baseline, method=method,
+        return gpu.read_circuits(kept.names, kept.picture, target, contrast, baseline=baseline, method=method,
                             frozen=frozen, share=share, progress=progress)
     return kept.reading(("circuits", *asked), compute)
 

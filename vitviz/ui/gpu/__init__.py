@@ -32,7 +32,7 @@ from .boundary import (
     trace,
     trace_seconds,
 )
-from .circuits import CircuitReading, circuits
+from .circuits import CircuitReading, read_circuits
 from .decisions import PATCH_BATCH, decide, patch
 from .dictionaries import (
     ConceptImage,
@@ -48,6 +48,6 @@ from .maps import FAITHFULNESS_S, MAPS_S, cards, class_maps, faithfulness, video
 
 __all__ = ["DEVICE", "FAITHFULNESS_S", "LOCAL_ALLOWED", "MAPS_S", "PATCH_BATCH", "STARTING", "TRACE_LOADING_S",
            "TRACE_S", "ZERO_GPU", "CircuitReading", "ConceptImage", "ConceptReading", "Concepts", "Lens", "Removal",
-           "Traced", "cards", "circuits", "cka", "class_maps", "concepts", "decide", "dictionary_folder",
-           "dictionary_source", "faithfulness", "in_words", "lens", "load_model", "patch", "place", "receptive",
-           "trace", "trace_seconds", "video_frames"]
+           "Traced", "cards", "cka", "class_maps", "concepts", "decide", "dictionary_folder", "dictionary_source",
+           "faithfulness", "in_words", "lens", "load_model", "patch", "place", "read_circuits", "receptive", "trace",
+           "trace_seconds", "video_frames"]

@@ -114,7 +114,7 @@ def circuit_seconds(names, picture, target, contrast=None, *, method: str = "atp
 
 
 @gpu(duration=circuit_seconds)
-def circuits(names: list[str], picture: Image.Image, target: str, contrast: str | None = None, *,
+def read_circuits(names: list[str], picture: Image.Image, target: str, contrast: str | None = None, *,
              baseline: str = "zero", method: str = "atp", frozen: bool = False, share: float = 0.8,
              progress=None) -> list[CircuitReading | str]:
     """Each model's circuit of class `target` (minus `contrast`; class names: every model's own index) on the
