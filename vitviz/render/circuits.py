@@ -38,7 +38,7 @@ NAME_LINES = 1      # of a node's name under its number and effect: the whole na
 FOR, AGAINST = HIGHLIGHTS[4], HIGHLIGHTS[1]   # vermillion for the answer, sky blue against (Okabe & Ito)
 SHARED, PICKED = HIGHLIGHTS[2], HIGHLIGHTS[3]   # bluish green, yellow
 FRAME, MUTED = (110, 110, 118), (175, 175, 182)
-WIDEST = 10         # px: the edge of the largest |weight|
+WIDEST = 11         # px: the edge of the largest |weight| (OpenCV draws odd widths)
 ERROR_CMAP = "cividis"   # an error node's |effect|: not a concept's colours
 
 

@@ -1,0 +1,265 @@
+"""The app's Circuits tab: both models' circuits for one class, equal to the library's (`circuits.photo_circuit` on the
+locally loaded models); one model pass per set of choices; a node's card (its effect, how often it fires by its
+exemplar index, what removing it does by `splice.concept_effects`, its edges) and a click on its tile; the drawing
+(edges as wide as their weights, coloured by sign; shared and picked nodes framed); the refusals in words; and the
+launched app from a real client and a real browser, at a desktop's and a phone's width."""
+import os
+from pathlib import Path
+
+import gradio as gr
+import numpy as np
+import pytest
+from PIL import Image
+
+import vitviz
+from tests.app_server import launch
+from vitviz.circuits import pair, photo_circuit
+from vitviz.concepts import load
+from vitviz.concepts.analysis.exemplars import index_in
+from vitviz.concepts.analysis.splice import concept_effects
+from vitviz.render import circuits as drawing
+from vitviz.render.concepts import CARD_WIDTH
+from vitviz.session import ModelRun
+from vitviz.ui import circuits, gpu, page, shared
+from vitviz.ui.concepts import change, percent
+
+ROOT = Path(__file__).resolve().parents[1]
+PHOTO = ROOT / "assets" / "cat_chelsea.jpg"
+PAIR = ("vit-cifar10", "cvt-cifar10")
+# two of the ViT's depths and the CvT's last block, each with an exemplar index: quick, and every card has names
+SOURCES = {"vit-cifar10": ["vit-cifar10-middle", "vit-cifar10-last"], "cvt-cifar10": ["cvt-cifar10-last"]}
+CHROMIUM = "/usr/bin/chromium"
+QUIET = dict(progress=lambda *a, **k: None)
+
+
+@pytest.fixture(scope="module")
+def few_dictionaries():
+    """The tab's circuits through `SOURCES` instead of the bundled depths (what `gpu.read_circuits` asks for)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(pair, "sources_for", lambda loaded, sources=None: [SOURCES[m.name] for m in loaded])
+        yield
+
+
+@pytest.fixture(scope="module")
+def shown_pair(few_dictionaries) -> tuple[str, circuits.Shown]:
+    """One Explain of the photo and the tab's circuits of it, by default: (its key, what the tab shows)."""
+    key = explained()
+    return key, drawn(key)
+
+
+@pytest.fixture
+def calls(monkeypatch) -> list:
+    """Each `gpu.read_circuits` call's arguments (the call still runs)."""
+    made, read = [], gpu.read_circuits
+    monkeypatch.setattr(gpu, "read_circuits", lambda *a, **k: made.append((a, k)) or read(*a, **k))
+    return made
+
+
+def explained() -> str:
+    return page.explain({"path": str(PHOTO)}, *PAIR, **QUIET).key
+
+
+def drawn(key, **choices) -> circuits.Shown:
+    return circuits.render_circuits(key, **choices, **QUIET)
+
+
+@pytest.mark.slow
+def test_both_circuits_are_the_librarys_for_the_left_models_top_class_and_kept_per_choice(few_dictionaries, calls):
+    key = explained()
+    shown = drawn(key)
+    runs = shared.runs(key)
+    top = runs[0].top(1)[0].label
+    assert shown.asked == (top, None, "zero", "atp", False, 0.8) and len(calls) == 1
+    found = circuits.readings(key, shown.asked)
+    for run, reading in zip(runs, found):
+        loaded = vitviz.load(run.name)
+        reference = photo_circuit(loaded, shared.session(key).picture, dictionaries=SOURCES[run.name],
+                                  target=loaded.labels.index(top))
+        assert reading.circuit.to_json() == reference.to_json()
+        assert f"**{run.name}**: the logit of {top} = {reference.value:.2f}" in shown.note
+        assert f"F = {reference.faithfulness['value']:.2f}**" in shown.note and reference.attention in shown.note
+    for picture, reading in zip((shown.graph_a, shown.graph_b), found):
+        assert picture.shape == (*drawing.graph_layout(reading.circuit.to_json()).size, 3)
+    nodes = [n for reading in found for n in reading.circuit.nodes if n.kind in ("concept", "error")]
+    assert len(shown.picker.choices) == len(nodes) and shown.curves is not None
+    drawn(key)                    # the same choices: kept
+    assert len(calls) == 1
+    again = drawn(key, share=0.5, contrast="dog")
+    assert len(calls) == 2 and again.asked == (top, "dog", "zero", "atp", False, 0.5)
+    assert "minus that of dog" in again.note
+
+
+def test_a_nodes_card_says_its_effect_frequency_edges_and_what_removing_it_does(shown_pair, calls):
+    key, shown = shown_pair
+    reading = circuits.readings(key, shown.asked)[0]
+    c = reading.circuit
+    node = max((n for n in c.nodes if n.kind == "concept" and n.block == 6 and c.inputs(n.id)),
+               key=lambda n: abs(n.effect))
+    card = circuits.node_card(key, shown.asked, f"0:{node.id}")
+    assert card.card.shape[1] == CARD_WIDTH and card.card.shape[0] > CARD_WIDTH // 2   # the map, its top images
+    assert f"**{node.name}**, block 7 of vit-cifar10" in card.words and f"**{node.effect:+.3f}**" in card.words
+    dictionary = load("vit-cifar10-last")
+    index = index_in("vit-cifar10-last", dictionary=dictionary)
+    assert f"fires on {percent(float(index.frequency[node.concept]))} of {index.data}'s tokens" in card.words
+    loaded = vitviz.load("vit-cifar10")
+    run = ModelRun(loaded, shared.session(key).picture)
+    effects = concept_effects(loaded, run.trace, dictionary, concepts=[node.concept], target=c.target, block=6)
+    assert f"{c.target_label} {change(effects.probability, float(effects.probabilities[0]))}" in card.words
+    strongest = c.inputs(node.id)[0]
+    assert f"block {c.node(strongest.source).block + 1} {c.node(strongest.source).name} ({strongest.weight:+.3f})" \
+        in card.words
+    box = drawing.graph_layout(c.to_json()).boxes[node.id]
+    assert tuple(card.graph_a[box[1] - 2, (box[0] + box[2]) // 2]) == drawing.PICKED   # framed where it is drawn
+    error = circuits.node_card(key, shown.asked, "1:b8/error")
+    assert "**The error at block 9** of cvt-cifar10" in error.words and "Remove this concept" not in error.words
+    assert not calls   # cards are drawn from the kept circuits
+
+
+def test_a_click_on_a_tile_picks_its_node_and_a_click_beside_the_nodes_picks_none(shown_pair):
+    key, shown = shown_pair
+    c = circuits.readings(key, shown.asked)[1].circuit
+    layout = drawing.graph_layout(c.to_json())
+
+    def click(x, y):
+        return circuits.picked_at(1)(key, shown.asked, gr.SelectData(None, {"index": [x, y], "value": None}))
+    for node in c.nodes:
+        x0, y0, x1, y1 = layout.boxes[node.id]
+        assert click((x0 + x1) // 2, (y0 + y1) // 2) == (f"1:{node.id}" if node.kind in ("concept", "error")
+                                                         else gr.skip())
+    assert click(layout.size[1] - 2, layout.size[0] - 2) == gr.skip()
+
+
+@pytest.mark.parametrize("choices, words", [
+    (dict(target="zebra"), "Neither model has the class 'zebra'"),
+    (dict(target="cat", contrast="cat"), "The contrast class is the class itself"),
+    (dict(share=0.05), "from 0.1 to 1.0, not 0.05"),
+    (dict(method="lrp"), "The method is atp"),
+], ids=["a class neither model has", "the contrast is the class", "a share below 0.1", "an unknown method"])
+def test_a_bad_choice_is_refused_in_words_before_any_model_runs(shown_pair, monkeypatch, choices, words):
+    key, _ = shown_pair
+    monkeypatch.setattr(gpu, "read_circuits", lambda *a, **k: pytest.fail("a model ran"))
+    with pytest.raises(gr.Error, match=words):
+        drawn(key, **choices)
+    assert drawn(None).note == circuits.WAITING
+
+
+def graph(sites, nodes, edges) -> dict:
+    """A graph in `Circuit.to_json`'s shape, made by hand."""
+    return {"model": "m", "metric": "the logit of cat", "value": 1.0, "target": 0, "target_label": "cat",
+            "contrast": None, "sites": sites, "nodes": nodes, "edges": edges, "faithfulness": {},
+            "size": {"nodes": len(nodes), "concept_nodes": 2, "edges": len(edges), "concepts_to_choose_from": 8}}
+
+
+def node(id, kind, effect=None, block=None, concept=None):
+    return {"id": id, "kind": kind, "name": f"#{concept} cat 60 %" if kind == "concept" else id, "effect": effect,
+            "block": block, "concept": concept, "grid": [2, 2], "map": [0.0, 1.0, 2.0, 3.0]}
+
+
+def test_each_edge_is_as_wide_as_its_weight_and_coloured_by_its_sign_and_shared_nodes_are_framed():
+    site = {"block": 0, "dictionary": "d", "across": True, "grid": [2, 2]}
+    nodes = [node("input", "input"), node("b0/c1", "concept", 1.0, 0, 1), node("b0/c2", "concept", -0.5, 0, 2),
+             node("b0/error", "error", 0.1, 0), node("logit", "logit", 1.0)]
+    edges = [{"source": "input", "target": n["id"], "weight": n["effect"]} for n in nodes[1:4]]
+    edges += [{"source": n["id"], "target": "logit", "weight": n["effect"]} for n in nodes[1:4]]
+    one = graph([site], nodes, edges)
+    other = graph([{**site, "block": 3}], [{**n, "id": n["id"].replace("b0", "b3"), "block": 3} if n["block"] == 0
+                                           else n for n in nodes[:2]] + [nodes[-1]], [])
+    assert pair.shared_nodes([one, other]) == [{"b0/c1"}, {"b3/c1"}]
+    run = ModelRun(vitviz.load("vit-cifar10"), Image.open(PHOTO).convert("RGB"))
+    out = drawing.circuit_graph(one, run.canvas, {0: (0, (0.0, 0.0, 1.0, 1.0))}, shared={"b0/c1"})
+    layout = drawing.graph_layout(one)
+    widths = []
+    for n, colour in ((nodes[1], drawing.FOR), (nodes[2], drawing.AGAINST), (nodes[3], drawing.FOR)):
+        x0, y0, x1, y1 = layout.boxes[n["id"]]
+        x = (x1 + layout.spans[n["id"]][1]) // 2   # the level run from the tile to its column's edge
+        blended = 0.85 * np.array(colour) + 0.15 * np.array(drawing.STRIP)   # drawn at 85 % over the ground
+        widths.append(int((np.abs(out[y0:y1, x].astype(float) - blended).max(1) < 40).sum()))
+    strongest, half, tenth = widths   # |weight| 1, 0.5 (against) and 0.1: OpenCV's widths are odd, anti-aliased
+    assert abs(strongest - drawing.WIDEST) <= 2 and strongest > half > tenth >= 1 and tenth <= 3, widths
+    x0, y0, x1, _ = layout.boxes["b0/c1"]
+    assert tuple(out[y0 - 2, (x0 + x1) // 2]) == drawing.SHARED
+
+
+@pytest.fixture(scope="module")
+def left_graph() -> dict:
+    """The left model's circuit as the launched app draws it by default (its top class, the pair's dictionaries),
+    computed here: where its nodes lie in its picture."""
+    loaded = [vitviz.load(name) for name in PAIR]
+    image = Image.open(PHOTO).convert("RGB")
+    return photo_circuit(loaded[0], image, dictionaries=pair.sources_for(loaded)[0]).to_json()
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """The app, launched offline with the bundled pair and its default dictionaries."""
+    tmp = tmp_path_factory.mktemp("circuits-app")
+    server = launch(tmp, "--vit", PAIR[0], "--cvt", PAIR[1])
+    yield server
+    server.stop()
+
+
+@pytest.mark.slow
+def test_circuit_is_one_documented_endpoint_and_answers_from_a_real_client(served):
+    from gradio_client import Client, handle_file
+    client = Client(served.url, verbose=False, analytics_enabled=False,
+                    download_files=str(served.log.parent / "downloads"))
+    api = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
+    assert "/circuit" in api and "/circuits_open" not in api
+    assert [p["parameter_name"] for p in api["/circuit"]["parameters"]] == [
+        "target", "contrast", "baseline", "method", "frozen", "share"]
+    client.predict(handle_file(str(PHOTO)), *PAIR, api_name="/explain")
+    note, graph_a, graph_b, curves, picker, card, words = client.predict(
+        "dog", "", "zero", "atp", False, 0.8, api_name="/circuit")
+    assert all(f"**{name}**: the logit of dog" in note for name in PAIR) and "F = " in note
+    for picture in (graph_a, graph_b, curves):
+        assert Path(picture).is_file() and Image.open(picture).width > 300
+    with pytest.raises(Exception, match="Neither model has the class 'zebra'"):
+        client.predict("zebra", "", "zero", "atp", False, 0.8, api_name="/circuit")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("width", [1400, 390], ids=["1400 px wide", "a phone, 390 px wide"])
+def test_a_person_opens_the_circuits_tab_sees_both_graphs_and_their_faithfulness_and_clicks_a_node(served, width,
+                                                                                                 left_graph):
+    if not Path(CHROMIUM).exists():
+        pytest.skip("Debian's chromium is not installed (apt-get install -y chromium)")
+    from playwright.sync_api import sync_playwright
+
+    from tests.test_app import open_tab
+    screenshots = Path(os.environ.get("VITVIZ_SCREENSHOTS", "/tmp/vitviz-screenshots"))
+    screenshots.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync"])
+        page_ = browser.new_page(viewport={"width": width, "height": 1000 if width > 600 else 844})
+        page_.goto(served.url)
+        page_.locator("#input-image input[type=file]").set_input_files(str(PHOTO))
+        page_.locator("#input-image img").first.wait_for(timeout=30_000)
+        page_.locator("#explain").click()
+        page_.locator("#comparison").get_by_text("rank correlation").first.wait_for(timeout=120_000)
+        open_tab(page_, "Circuits")   # opening it draws both circuits
+        page_.locator("#circuits-note").get_by_text("F = ").first.wait_for(timeout=300_000)
+        for panel in ("#circuits-graph-a", "#circuits-graph-b", "#circuits-curves"):
+            image = page_.locator(f"{panel} img").first
+            image.wait_for(timeout=60_000)
+            image.scroll_into_view_if_needed()
+        page_.wait_for_function("() => ['#circuits-graph-a', '#circuits-graph-b', '#circuits-curves'].every(s => {"
+                                "const i = document.querySelector(s + ' img'); return i && i.complete && "
+                                "i.naturalWidth > 300; })", timeout=30_000)
+        note = page_.locator("#circuits-note").inner_text()
+        assert all(f"{name}: the logit of" in note for name in PAIR) and "faithfulness F =" in note
+        graph = page_.locator("#circuits-graph-a img").first   # a click on the left graph's strongest node
+        shown = graph.bounding_box()
+        assert shown["width"] <= width   # the graph fits the page, whatever its width
+        strongest = max((n for n in left_graph["nodes"] if n["kind"] == "concept"), key=lambda n: abs(n["effect"]))
+        layout = drawing.graph_layout(left_graph)
+        x0, y0, x1, y1 = layout.boxes[strongest["id"]]
+        scale = shown["width"] / layout.size[1]
+        graph.scroll_into_view_if_needed()
+        graph.click(position={"x": (x0 + x1) / 2 * scale, "y": (y0 + y1) / 2 * scale})
+        page_.locator("#circuits-card-words").get_by_text(strongest["name"]).first.wait_for(timeout=60_000)
+        page_.locator("#circuits-card img").first.wait_for(timeout=30_000)
+        page_.locator("#tabs").screenshot(path=str(screenshots / f"10-circuits-{width}.png"))
+        browser.close()
+    assert served.process.poll() is None
