@@ -170,11 +170,11 @@ def attribution(loaded, pixels: Tensor, sites: Sequence[Site], metric: Metric, *
 def integrated_gradients(loaded, pixels: Tensor, sites: Sequence[Site], states: Sequence[SiteState],
                          metric: Metric, *, steps: int = IG_STEPS, frozen: bool = False) -> None:
     """Each site's node effects by integrated gradients (`steps` points on the straight path from the baseline),
-    written into `states` in place of attribution patching's: one batched forward and backward a site."""
+    written into `states` in place of attribution patching's: a site's are one forward of the photo to it, of one
+    copy a step from there on, and one backward."""
     if steps < 1:
         raise ConceptsError(f"Integrated gradients needs at least 1 step, not {steps}.")
     alphas = (torch.arange(steps, dtype=torch.float32, device=pixels.device) + 0.5) / steps
-    batch = pixels[:1].expand(steps, *pixels.shape[1:])
     for site, state in zip(sites, states):
         along = alphas[:, None, None].to(state.codes)
         codes = (state.codes_baseline + along * (state.codes - state.codes_baseline)).requires_grad_(True)
@@ -183,12 +183,12 @@ def integrated_gradients(loaded, pixels: Tensor, sites: Sequence[Site], states: 
         def move(index: int, tokens: Tensor, site=site, codes=codes, error=error) -> Tensor:
             if index != site.block:
                 return tokens
-            with torch.enable_grad():
-                rows = site.rows(tokens)
-                return splice(site, tokens, codes, error, rows)
+            with torch.enable_grad():   # the photo up to the site, a copy a step from there
+                tokens = tokens.detach().expand(steps, *tokens.shape[1:])
+                return splice(site, tokens, codes, error, site.rows(tokens))
 
         with gradients(frozen):
-            m = metric(traced(loaded, batch, move, grad=True).logits)
+            m = metric(traced(loaded, pixels[:1], move, grad=True).logits)
             code_grads, error_grads = torch.autograd.grad(m.sum(), [codes, error])
         state.concept_effects = (code_grads.mean(0) * (state.codes - state.codes_baseline)[0]).detach()
         state.error_effects = (error_grads.mean(0) * (state.error - state.error_baseline)[0]).sum(-1).detach()
