@@ -29,11 +29,13 @@ from .plots import PLOT_COLOURS, figure_to_rgb
 
 Box = tuple[int, int, int, int]   # (x0, y0, x1, y1), px of the drawing
 TILE = 72           # px: a node's picture
-COLUMN = 136        # px: a block's column, its nodes' words included (the photo's and the answer's: `END`)
-END = TILE + 28
-GAP = 40            # px between columns, where the edges cross
-MARGIN = 16
-INK = Ink(font_scale=0.6, text=1, line=2)   # the drawing's own: its size does not depend on the photo's
+COLUMN = 144        # px: a block's column, its nodes' words included (the photo's and the answer's: `END`)
+END = TILE + 24
+GAP = 34            # px between columns, where the edges cross
+MARGIN = 14
+# the drawing's own ink, whatever the photo's size: shown side by side on a desktop a graph is scaled to about
+# 0.6, where this is 10 px text
+INK = Ink(font_scale=0.72, text=1, line=2)
 NAME_LINES = 1      # of a node's name under its number and effect: the whole name is the app's card's
 FOR, AGAINST = HIGHLIGHTS[4], HIGHLIGHTS[1]   # vermillion for the answer, sky blue against (Okabe & Ito)
 SHARED, PICKED = HIGHLIGHTS[2], HIGHLIGHTS[3]   # bluish green, yellow
@@ -286,7 +288,7 @@ def circuit_faithfulness(faithfulness: Mapping[str, Mapping], *, share: float) -
     with at most its column's concepts a block."""
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(6.4, 3.0), dpi=100)
+    fig = Figure(figsize=(8.4, 3.0), dpi=100)
     ax = fig.add_subplot()
     for k, (name, measured) in enumerate(faithfulness.items()):
         colour = PLOT_COLOURS[k % len(PLOT_COLOURS)]
@@ -307,6 +309,6 @@ def circuit_faithfulness(faithfulness: Mapping[str, Mapping], *, share: float) -
     ax.set_xlim(0, 1)
     ax.tick_params(labelsize=8)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1), frameon=False)
     fig.tight_layout()
     return figure_to_rgb(fig)

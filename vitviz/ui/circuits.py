@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import NamedTuple
 
 import gradio as gr
@@ -237,7 +238,7 @@ def card_words(run: ModelRun, found: gpu.CircuitReading, node, partner: str) -> 
                 f"**{node.effect:+.3f}** ({c.method}, {c.baseline} baseline); its codes sum to {node.activation:.2f} "
                 f"over the photo{at_class}.")
         if node.id in found.frequency:
-            what += f" It fires on {percent(found.frequency[node.id])} of {found.data[node.block]}'s tokens."
+            what += f" It fires on {percent(found.frequency[node.id])} of {Path(found.data[node.block]).name}'s tokens."
         elif node.block in found.index_words:
             what += f" No top images: {found.index_words[node.block]}"
     lines = [what,
@@ -335,15 +336,18 @@ def layout(page: Page) -> CircuitsTab:
                                    info="optional: the class's logit minus this one's", min_width=180,
                                    elem_id="circuits-contrast")
             share = gr.Slider(*SHARE_RANGE, value=SHARE, step=0.05, label="circuit size",
-                              info="the share of each block's effect its concepts keep",
-                              min_width=220, elem_id="circuits-share")
-        with gr.Row(equal_height=True):
-            baseline = gr.Radio(BASELINES, value="zero", label="a node taken out is set to", min_width=200,
-                                elem_id="circuits-baseline")
-            method = gr.Radio(METHODS, value="atp", label="effects by", min_width=260, elem_id="circuits-method")
-            frozen = gr.Checkbox(label="hold attention fixed (its patterns and norm scales: this photo's constants)",
-                                 min_width=200, elem_id="circuits-frozen")
-            draw = gr.Button("Draw the circuits", variant="primary", min_width=160, elem_id="circuits-draw")
+                              info="the share of each block's effect its concepts keep", min_width=220,
+                              elem_id="circuits-share")
+            draw = gr.Button("Draw the circuits", variant="primary", scale=0, min_width=160, elem_id="circuits-draw")
+        with gr.Row(equal_height=False):
+            with gr.Column(min_width=220):
+                baseline = gr.Radio(BASELINES, value="zero", label="a node taken out is set to",
+                                    elem_id="circuits-baseline")
+            with gr.Column(min_width=260):
+                method = gr.Radio(METHODS, value="atp", label="effects by", elem_id="circuits-method")
+            with gr.Column(min_width=220):
+                frozen = gr.Checkbox(label="hold attention fixed", info="its patterns and norm scales as this photo's "
+                                     "constants (circuit-tracer's convention)", elem_id="circuits-frozen")
         note = gr.Markdown(elem_id="circuits-note")
         with gr.Row(equal_height=False):
             graph_a = gr.Image(label="left: its circuit (click a node)", interactive=False, min_width=300,
@@ -357,7 +361,8 @@ def layout(page: Page) -> CircuitsTab:
         with gr.Row(equal_height=False):
             card = gr.Image(label="where it fires, its top images", interactive=False, min_width=300,
                             elem_id="circuits-card")
-            words = gr.Markdown(elem_id="circuits-card-words")
+            with gr.Column(min_width=300):
+                words = gr.Markdown(elem_id="circuits-card-words")
 
     with tab:   # not among the top-level Tabs' children, which Gradio's frontend counts as its tabs' indices
         is_open, asked = gr.State(False), gr.State(None)
