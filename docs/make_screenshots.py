@@ -1,6 +1,7 @@
 """The documentation's screenshots of the app, remade from the bundled models whenever a view changes:
 
     python docs/make_screenshots.py            (writes docs/images/first-screen.png and docs/images/tab-<id>.png)
+    python docs/make_screenshots.py circuits   (the Circuits tab's two alone, after an Explain not shot)
 
 The real app is launched offline on its bundled CIFAR-10 pair (a ViT and a CvT) and driven by Debian's Chromium
 through Playwright, 1400 px wide, as a person would: the example photo uploaded, Explain pressed, a point on the
@@ -62,13 +63,18 @@ def shoot_tab(page, tab: str) -> None:
     save(page.locator("#tabs").screenshot(), f"tab-{tab}.png")
 
 
-def first_screen(page, url: str) -> None:
+def explained(page, url: str) -> None:
+    """The photo uploaded and Explain pressed, its answer drawn."""
     page.goto(url)
     page.locator("#input-image input[type=file]").set_input_files(str(PHOTO))
     page.locator("#input-image img").first.wait_for(timeout=30_000)
     page.locator("#explain").click()
     page.locator("#comparison").get_by_text("rank correlation").first.wait_for(timeout=SLOW)
     drawn(page, "#map-a", "#map-b")
+
+
+def first_screen(page, url: str) -> None:
+    explained(page, url)
     page.evaluate("window.scrollTo(0, 0)")
     save(page.screenshot(), "first-screen.png")
 
@@ -118,6 +124,8 @@ def tabs(page) -> None:
     drawn(page, "#concepts-a", "#concepts-b")
     shoot_tab(page, "concepts")
 
+    circuits(page)
+
     page.get_by_role("tab", name="Video").click()
     page.locator("#video-input input[type=file]").set_input_files(str(CLIP))
     page.locator("#video-input video").first.wait_for(timeout=30_000)
@@ -138,6 +146,25 @@ def tabs(page) -> None:
     shoot_tab(page, "download")
 
 
+def circuits(page) -> None:
+    """The Circuits tab as it opens (both circuits drawn), the strongest node of the left graph's last block picked,
+    then the same graphs on a phone, 390 px wide (the first of them in view)."""
+    page.get_by_role("tab", name="Circuits").click()
+    page.locator("#circuits-note").get_by_text("F = ").first.wait_for(timeout=SLOW)
+    drawn(page, "#circuits-graph-a", "#circuits-graph-b", "#circuits-curves")
+    page.locator("#circuits-node input").click()
+    page.locator("[role=option]", has_text="left").filter(has_text="block 7").first.click()
+    page.locator("#circuits-card-words").get_by_text("Strongest inputs").first.wait_for(timeout=SLOW)
+    drawn(page, "#circuits-card")
+    shoot_tab(page, "circuits")
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.wait_for_timeout(1000)   # the page laid out again
+    page.locator("#circuits-graph-a").scroll_into_view_if_needed()
+    page.evaluate("window.scrollBy(0, -60)")
+    save(page.screenshot(), "tab-circuits-phone.png")
+    page.set_viewport_size({"width": WIDTH, "height": FIRST_SCREEN_HEIGHT})
+
+
 if __name__ == "__main__":
     from playwright.sync_api import sync_playwright
 
@@ -150,8 +177,12 @@ if __name__ == "__main__":
                 browser = p.chromium.launch(executable_path=CHROMIUM, args=[
                     "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"])
                 page = browser.new_page(viewport={"width": WIDTH, "height": FIRST_SCREEN_HEIGHT})
-                first_screen(page, server.url)
-                tabs(page)
+                if sys.argv[1:] == ["circuits"]:
+                    explained(page, server.url)
+                    circuits(page)
+                else:
+                    first_screen(page, server.url)
+                    tabs(page)
                 browser.close()
         finally:
             server.stop()

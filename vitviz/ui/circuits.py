@@ -30,8 +30,8 @@ WORDS = ("**Which concepts build each answer, block by block.** Each model's con
          "are spliced into it. A node is a concept and where it fires on the photo, or a block's *error* (dashed: "
          "what its dictionary misses); the number under it is what it adds to the class's logit (red for, blue "
          "against). An edge is how much one node moves the next, its width its size. Click a node, or pick it "
-         "from the list, for its card. *Faithfulness* F: how much of the answer the circuit alone gives (1 all of "
-         "it, 0 no more than every concept at its baseline).")
+         "from the list, for its card (a graph's corner button shows it full size). *Faithfulness* F: how much of "
+         "the answer the circuit alone gives (1 all of it, 0 no more than every concept at its baseline).")
 WAITING = "Press **Explain** first: this panel reads both models on the image."
 TOP, NONE = "", ""   # the class box's value for the left model's top class; the contrast box's for none
 BASELINES = [("zero", "zero"), ("the data set's mean", "mean")]
@@ -328,7 +328,7 @@ def layout(page: Page) -> CircuitsTab:
     key = page.key
     with gr.Tab(TITLE, id="circuits") as tab:
         gr.Markdown(WORDS)
-        with gr.Row(equal_height=True):
+        with gr.Row(equal_height=False):
             target = gr.Dropdown([("the left model's top class", TOP)], value=TOP, allow_custom_value=True,
                                  label="class", info="the logit the circuit builds", min_width=180,
                                  elem_id="circuits-class")
