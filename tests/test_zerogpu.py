@@ -149,6 +149,7 @@ def every_call():
               ("/render_reach_layer", (2, 3))]
     clip = handle_file(str(ROOT / "assets" / "horse_pan_zoom.mp4"))
     calls += [("/explain_video", (clip, *PAIR, ["rollout", "chefer"], 4))]
+    calls += [("/circuit", ("", "", "zero", "atp", False, 0.8))]
     return calls
 
 
