@@ -100,7 +100,7 @@ def test_a_nodes_card_says_its_effect_frequency_edges_and_what_removing_it_does(
     assert f"**{node.name}**, block 7 of vit-cifar10" in card.words and f"**{node.effect:+.3f}**" in card.words
     dictionary = load("vit-cifar10-last")
     index = index_in("vit-cifar10-last", dictionary=dictionary)
-    assert f"fires on {percent(float(index.frequency[node.concept]))} of {index.data}'s tokens" in card.words
+    assert f"fires on {percent(float(index.frequency[node.concept]))} of {Path(index.data).name}'s tokens" in card.words
     loaded = vitviz.load("vit-cifar10")
     run = ModelRun(loaded, shared.session(key).picture)
     effects = concept_effects(loaded, run.trace, dictionary, concepts=[node.concept], target=c.target, block=6)
