@@ -108,8 +108,8 @@ def cmd_circuits(args) -> int:
 def report(circuit, sources: list[str]) -> None:
     """A circuit's size, faithfulness and strongest concept nodes, printed."""
     f, size = circuit.faithfulness, circuit.size
-    value = "undefined" if f["value"] is None else f"{f['value']:.3f}"
-    completeness = "undefined" if f["completeness"] is None else f"{f['completeness']:.3f}"
+    value = "undefined" if f.get("value") is None else f"{f['value']:.3f}"
+    completeness = "undefined" if f.get("completeness") is None else f"{f['completeness']:.3f}"
     print(f"{circuit.model}: {circuit.metric} = {circuit.value:.3f} through {', '.join(sources)}")
     print(f"  {size['concept_nodes']} of {size['concepts_to_choose_from']:,} concepts, {size['nodes']} nodes, "
           f"{size['edges']} edges; faithfulness {value}, completeness {completeness} ({circuit.method}, "
@@ -117,6 +117,8 @@ def report(circuit, sources: list[str]) -> None:
     strongest = sorted((n for n in circuit.nodes if n.kind == "concept"), key=lambda n: -abs(n.effect))[:SHOWN]
     for node in strongest:
         print(f"  block {node.block + 1:>2}  {node.effect:+.3f}  {node.name}")
+    for note in circuit.notes:
+        print(f"  note: {note}")
 
 
 def add_parser(sub) -> None:

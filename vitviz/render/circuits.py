@@ -292,10 +292,11 @@ def circuit_faithfulness(faithfulness: Mapping[str, Mapping], *, share: float) -
     ax = fig.add_subplot()
     for k, (name, measured) in enumerate(faithfulness.items()):
         colour = PLOT_COLOURS[k % len(PLOT_COLOURS)]
-        points = [(p["share"], p["faithfulness"]) for p in measured["curve"] if p["faithfulness"] is not None]
+        curve = measured.get("curve") or []
+        points = [(p["share"], p["faithfulness"]) for p in curve if p["faithfulness"] is not None]
         if points:
             ax.plot(*zip(*points), marker="o", ms=3, lw=1.6, color=colour,
-                    label=f"{name} ({measured['curve'][-1]['concept_nodes']} concepts at share 1)")
+                    label=f"{name} ({curve[-1]['concept_nodes']} concepts at share 1)")
         if measured.get("value") is not None:
             ax.plot([share], [measured["value"]], marker="*", ms=13, color=colour, mec="black", mew=0.6,
                     ls="none", label=f"{name}: the circuit drawn, F {measured['value']:.2f}")

@@ -150,7 +150,7 @@ def model_words(run: ModelRun, found: gpu.CircuitReading | str) -> str:
         words.append(f"attribution patching ranks its {len(c.patching['nodes'])} strongest nodes as patching each "
                      f"alone does with a rank correlation of {rho:.2f}")
     words.append(f"{c.method}, {c.baseline} baseline; attention: {c.attention}")
-    return "; ".join(words) + "."
+    return " ".join(["; ".join(words) + ".", *c.notes])
 
 
 def shared_words(found: list[gpu.CircuitReading | str], shared: list[set[str]]) -> str:
