@@ -18,7 +18,9 @@ against timm: forwards, traced forward, rollout to stage 1 against a traced forw
 against its windowed attention); issue 30: cnn (ResNet-50 and ConvNeXt-T against timm, every block's
 receptive field against hooks and autograd on timm); issue 31: video (frames per second end to end against
 the same frames' batched traced forwards alone); issue 41: concepts (caching activations against the traced
-forwards alone, training steps against Overcomplete's loop, the Concepts tab on top of an Explain). Every time is
+forwards alone, training steps against Overcomplete's loop, the Concepts tab on top of an Explain); issue 50:
+looks (a feature picture's step against a traced forward and backward of its crops, one bundled concept's
+picture). Every time is
 min / median / max over `--repeats` rounds after warm-up; in each round the contenders run once each,
 in rotating order, so a slow spell of the machine hits all of them. Ratios are of medians. Contenders are checked to
 compute the same logits before they are timed. Checkpoints are random weights in the real Hub layouts (timm's
@@ -58,6 +60,7 @@ from areas import (  # noqa: E402
     evaluate,
     explain,
     forward,
+    looks,
     peak,
     pipeline,
     quantus,
@@ -73,7 +76,7 @@ AREAS = (   # (the items it measures, its module), in the order they run
     (("coldstart", "memory"), coldstart), (("peak",), peak), (("attribution",), attribution),
     (("evaluate",), evaluate), (("quantus",), quantus), (("explain",), explain), (("decide",), decide),
     (("compare",), compare), (("clip",), clip), (("swin",), swin), (("cnn",), cnn), (("video",), video),
-    (("concepts",), concepts), (("circuits",), circuits))
+    (("concepts",), concepts), (("circuits",), circuits), (("looks",), looks))
 ITEMS = tuple(item for items, _ in AREAS for item in items)
 
 

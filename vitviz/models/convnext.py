@@ -80,9 +80,10 @@ class ConvNeXtBlock(nn.Module):
         self.mlp = Mlp(dim=dim, hidden_dim=int(mlp_ratio * dim))
         self.gamma = nn.Parameter(torch.ones(dim)) if layer_scale else None
 
-    def forward(self, x: Tensor) -> Tensor:
-        """b c h w -> b c h w: x plus the block's update."""
-        update = self.mlp(self.norm(rearrange(self.conv_dw(x), 'b c h w -> b h w c')))
+    def forward(self, x: Tensor, units: list[Tensor] | None = None) -> Tensor:
+        """b c h w -> b c h w: x plus the block's update; units: where a list is given, its pointwise MLP's hidden
+        units (b h w hidden) are appended to it."""
+        update = self.mlp(self.norm(rearrange(self.conv_dw(x), 'b c h w -> b h w c')), units)
         if self.gamma is not None:
             update = update * self.gamma
         return x + rearrange(update, 'b h w c -> b c h w')
@@ -174,11 +175,12 @@ class ConvNeXt(nn.Module):
         return self.head(x.mean(dim=(2, 3)))
 
     def trace(self, pixels: Tensor, *, grad: bool = False, decompose: bool = False,
-              attention: KeptAttention = True, edit: Edit | None = None) -> Trace:
+              attention: KeptAttention = True, edit: Edit | None = None, units: bool = False) -> Trace:
         """One forward pass that returns every block's output on its grid and each stage's feature map.
         `attention` and `decompose` are accepted for the methods' sake: a block's whole update is its one part.
         edit: `models.trace.Edit`, each block's output tokens replaced before the rest of the forward reads
         them (circuits splice dictionaries in this way).
+        units=True: each block also keeps its pointwise MLP's hidden units (`BlockTrace.hidden`, b (h w) hidden).
         """
         blocks, features = [], []
         flat = lambda t: rearrange(t, 'b c h w -> b (h w) c')
@@ -189,12 +191,13 @@ class ConvNeXt(nn.Module):
             for s, stage in enumerate(self.stages):
                 x = stage.downsample(x)
                 for block in stage.blocks:
-                    inputs = x
-                    x = edited_map(edit, len(blocks), block(x))
+                    inputs, hidden = x, [] if units else None
+                    x = edited_map(edit, len(blocks), block(x, hidden))
                     grid = (x.shape[2], x.shape[3])
                     blocks.append(BlockTrace(attn=None, tokens=flat(x), stage=s, query_grid=grid, key_grid=grid,
                                              key_window=Window(1, 1, 0), prefix_kinds=(), inputs=flat(inputs),
-                                             attends=False))
+                                             attends=False,
+                                             hidden=rearrange(hidden[0], 'b h w c -> b (h w) c') if units else None))
                 features.append(x)
             pooled = blocks[-1].tokens.mean(dim=1)   # from the tokens the trace keeps: Grad-CAM's layer
             logits = self.head(pooled)

@@ -29,6 +29,7 @@ from .trace import (
     graph_pixels,
     graph_start,
     kept_blocks,
+    kept_units,
 )
 
 LN_EPS = 1e-5   # every CvT LayerNorm; transformers never reads config.layer_norm_eps
@@ -180,8 +181,10 @@ class Mlp(nn.Module):
         self.act = GELU() if act == "gelu" else QuickGELU()
         self.fc2 = GammaLinear(hidden_dim, dim)
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.fc2(self.act(self.fc1(x)))
+    def forward(self, x: Tensor, units: list[Tensor] | None = None) -> Tensor:
+        """x -> fc2(act(fc1(x))); `units`: where a list is given, act(fc1(x)) is appended to it (as
+        `models.layers.Mlp`)."""
+        return self.fc2(kept_units(self.act(self.fc1(x)), units))
 
 
 class Block(nn.Module):
@@ -197,13 +200,14 @@ class Block(nn.Module):
         self.mlp = Mlp(dim=s.embed_dim, hidden_dim=int(s.embed_dim * s.mlp_ratio), act=act)
 
     def forward(self, x: Tensor, grid: tuple[int, int], prefix: int, return_attn: bool = False,
-                attn_delta: Tensor | None = None):
+                attn_delta: Tensor | None = None, units: list[Tensor] | None = None):
         """-> (output tokens, attention or None, key grid, first norm's output, the attention's values); attn_delta:
-        added to the attention's output (activation patching)."""
+        added to the attention's output (activation patching); units: where a list is given, the MLP's hidden units
+        are appended to it."""
         normed = self.norm1(x)
         out, attn, key_grid, values = self.attn(normed, grid, prefix, return_attn)
         x = x + out if attn_delta is None else x + out + attn_delta
-        return x + self.mlp(self.norm2(x)), attn, key_grid, normed, values
+        return x + self.mlp(self.norm2(x), units), attn, key_grid, normed, values
 
     def parts(self, values: Tensor) -> AttentionParts:
         """How the heads write, from the values the attention weighed."""
@@ -222,11 +226,13 @@ class Stage(nn.Module):
         self.blocks = nn.ModuleList([Block(stage=s, act=act) for _ in range(s.depth)])
 
     def forward(self, fmap: Tensor, trace: list[BlockTrace] | None = None, index: int = 0, keep_normed: bool = False,
-                decompose: bool = False, kept: range = range(0), graph_from: int = 0, edit: Edit | None = None):
+                decompose: bool = False, kept: range = range(0), graph_from: int = 0, edit: Edit | None = None,
+                units: bool = False):
         """b c h w -> (b c' h' w' feature map, b 1 c' class token or None); appends to `trace` if given
-        (with each block's first-norm output if `keep_normed`, how its heads write if `decompose`, the attention
-        maps of the blocks in `kept`, indices of the whole trace, and where grad is enabled the graph from its
-        block `graph_from` on; `edit`: `models.trace.Edit`, by the whole trace's block indices)."""
+        (with each block's first-norm output if `keep_normed`, how its heads write if `decompose`, its MLP's hidden
+        units if `units`, the attention maps of the blocks in `kept`, indices of the whole trace, and where grad is
+        enabled the graph from its block `graph_from` on; `edit`: `models.trace.Edit`, by the whole trace's block
+        indices)."""
         first, grad = 0 if trace is None else len(trace), torch.is_grad_enabled()
         with torch.set_grad_enabled(grad and first >= graph_from):
             x = self.patch_embed(fmap)
@@ -236,15 +242,16 @@ class Stage(nn.Module):
             if self.cls_token is not None:
                 x, prefix = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1), 1
         for i, block in enumerate(self.blocks, start=first):
-            inputs = x
+            inputs, hidden = x, [] if units else None
             with torch.set_grad_enabled(grad and i >= graph_from):
-                x, attn, key_grid, normed, values = block(x, grid, prefix, return_attn=i in kept)
+                x, attn, key_grid, normed, values = block(x, grid, prefix, return_attn=i in kept, units=hidden)
                 x = edited(edit, i, x)
             if trace is not None:
                 trace.append(BlockTrace(attn=attn, tokens=x, stage=index, query_grid=grid, key_grid=key_grid,
                                         key_window=block.attn.kv_window, prefix_kinds=("cls",) * prefix,
                                         normed=normed if keep_normed else None, inputs=inputs,
-                                        parts=block.parts(values) if decompose else None))
+                                        parts=block.parts(values) if decompose else None,
+                                        hidden=hidden[0] if units else None))
         fmap = rearrange(x[:, prefix:], 'b (h w) c -> b c h w', h=grid[0], w=grid[1])
         return fmap, (x[:, :1] if prefix else None)
 
@@ -315,7 +322,7 @@ class CvT(nn.Module):
         return self.head(self.norm(cls[:, 0]))
 
     def trace(self, pixels: Tensor, *, grad: bool = False, decompose: bool = False,
-              attention: KeptAttention = True, edit: Edit | None = None) -> Trace:
+              attention: KeptAttention = True, edit: Edit | None = None, units: bool = False) -> Trace:
         """One forward pass that returns every attention map, block output and stage feature map.
 
         With grad=True the graph is kept, so `torch.autograd.grad(logit, trace.attentions)` works.
@@ -325,6 +332,7 @@ class CvT(nn.Module):
         graph from the first of them on (`models.trace.graph_start`).
         edit: `models.trace.Edit`, each block's output tokens replaced before the rest of the forward reads
         them (circuits splice dictionaries in this way).
+        units=True: each block also keeps its MLP's hidden units (`BlockTrace.hidden`, for feature pictures).
         """
         kept = kept_blocks(attention, sum(len(stage.blocks) for stage in self.stages))
         graph_from = graph_start(attention, kept)
@@ -335,7 +343,7 @@ class CvT(nn.Module):
             x = pixels
             for i, stage in enumerate(self.stages):
                 x, cls = stage(x, trace=blocks, index=i, keep_normed=grad, decompose=decompose, kept=kept,
-                               graph_from=graph_from, edit=edit)
+                               graph_from=graph_from, edit=edit, units=units)
                 features.append(x)
             logits = self.head(self.norm(cls[:, 0]))
         input_size = (pixels.shape[2], pixels.shape[3])

@@ -7,6 +7,7 @@ import re
 from torch import Tensor, nn
 
 from .relevance import GELU, GammaLinear
+from .trace import kept_units
 
 
 class Mlp(nn.Module):
@@ -17,8 +18,10 @@ class Mlp(nn.Module):
         self.act = GELU()
         self.fc2 = GammaLinear(hidden_dim, dim)
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.fc2(self.act(self.fc1(x)))
+    def forward(self, x: Tensor, units: list[Tensor] | None = None) -> Tensor:
+        """x -> fc2(GELU(fc1(x))); `units`: where a list is given, GELU(fc1(x)) is appended to it, the hidden units
+        a feature picture maximises (Ghiasi et al. 2022), for `trace(units=True)`."""
+        return self.fc2(kept_units(self.act(self.fc1(x)), units))
 
 
 def renamed_state_dict(state_dict: dict[str, Tensor], renames: list[tuple[str, str]]) -> dict[str, Tensor]:

@@ -198,9 +198,10 @@ class ResNet(nn.Module):
         return self.fc(norm_mean(x))
 
     def trace(self, pixels: Tensor, *, grad: bool = False, decompose: bool = False,
-              attention: KeptAttention = True, edit: Edit | None = None) -> Trace:
+              attention: KeptAttention = True, edit: Edit | None = None, units: bool = False) -> Trace:
         """One forward pass that returns every block's output on its grid and each stage's feature map.
-        `attention` and `decompose` are accepted for the methods' sake: a ResNet has neither.
+        `attention`, `decompose` and `units` are accepted for the methods' sake: a ResNet has no attention and no
+        MLP (`BlockTrace.hidden` stays None; a block's output channels are its units).
         edit: `models.trace.Edit`, each block's output tokens replaced before the rest of the forward reads
         them (circuits splice dictionaries in this way).
         """

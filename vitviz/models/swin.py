@@ -206,11 +206,11 @@ class SwinBlock(nn.Module):
         x = x[:, :h, :w]
         return torch.roll(x, shifts=(part.shift, part.shift), dims=(1, 2)) if part.shift else x
 
-    def forward(self, x: Tensor, return_attn: bool = False,
-                attn_delta: Tensor | None = None) -> tuple[Tensor, Tensor | None, Tensor, WindowPartition, Tensor]:
+    def forward(self, x: Tensor, return_attn: bool = False, attn_delta: Tensor | None = None,
+                units: list[Tensor] | None = None) -> tuple[Tensor, Tensor | None, Tensor, WindowPartition, Tensor]:
         """b h w c -> (output tokens b h w c, attention b nw h t t or None, first norm's output b n c, the windows,
         the attention's values b nw h t d); attn_delta (b h w c): added to the attention's output (activation
-        patching)."""
+        patching); units: where a list is given, the MLP's hidden units (b h w hidden) are appended to it."""
         part = self.partition(x.shape[1:3])
         masked = part.masked_on(x.device)
         normed = self.norm1(rearrange(x, 'b h w c -> b (h w) c'))   # b n c, the tensor Grad-CAM differentiates
@@ -219,7 +219,7 @@ class SwinBlock(nn.Module):
         x = x + self.unwindowed(out, part)
         if attn_delta is not None:
             x = x + attn_delta
-        return x + self.mlp(self.norm2(x)), attn, normed, part, values
+        return x + self.mlp(self.norm2(x), units), attn, normed, part, values
 
     def parts(self, values: Tensor) -> AttentionParts:
         """How the heads write, from the values the attention weighed, per window (b nw h t d)."""
@@ -356,7 +356,7 @@ class Swin(nn.Module):
         return self.head_logits(self.norm(rearrange(x, 'b h w c -> b (h w) c')))
 
     def trace(self, pixels: Tensor, *, grad: bool = False, decompose: bool = False,
-              attention: KeptAttention = True, edit: Edit | None = None) -> Trace:
+              attention: KeptAttention = True, edit: Edit | None = None, units: bool = False) -> Trace:
         """One forward pass that returns every block's windowed attention, block output and stage feature map.
 
         With grad=True the graph is kept, so `torch.autograd.grad(logit, trace.attentions)` works.
@@ -366,6 +366,7 @@ class Swin(nn.Module):
         graph from the first of them on (`models.trace.graph_start`).
         edit: `models.trace.Edit`, each block's output tokens replaced before the rest of the forward reads
         them (circuits splice dictionaries in this way).
+        units=True: each block also keeps its MLP's hidden units (`BlockTrace.hidden`, for feature pictures).
         """
         kept = kept_blocks(attention, sum(len(stage.blocks) for stage in self.layers))
         graph_from = graph_start(attention, kept)
@@ -380,15 +381,16 @@ class Swin(nn.Module):
                     x = stage.downsample(x)
                 grid = (x.shape[1], x.shape[2])
                 for block in stage.blocks:
-                    inputs, i = x, len(blocks)
+                    inputs, i, hidden = x, len(blocks), [] if units else None
                     with torch.set_grad_enabled(grad and i >= graph_from):
-                        x, attn, normed, part, values = block(x, return_attn=i in kept)
+                        x, attn, normed, part, values = block(x, return_attn=i in kept, units=hidden)
                     x = edited_map(edit, i, x, layout='b h w c')
                     flat = lambda t: rearrange(t, 'b h w c -> b (h w) c')
                     blocks.append(BlockTrace(attn=attn, tokens=flat(x), stage=s, query_grid=grid, key_grid=grid,
                                              key_window=Window(1, 1, 0), prefix_kinds=(),
                                              normed=normed if grad else None, inputs=flat(inputs),
-                                             parts=block.parts(values) if decompose else None, windows=part))
+                                             parts=block.parts(values) if decompose else None, windows=part,
+                                             hidden=flat(hidden[0]) if units else None))
                 features.append(rearrange(x, 'b h w c -> b c h w'))
             final = self.norm(rearrange(x, 'b h w c -> b (h w) c'))
             pooled = self.pre_logits(final)

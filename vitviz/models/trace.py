@@ -32,6 +32,14 @@ def edited_map(edit: Edit | None, index: int, fmap: Tensor, *, layout: str = 'b 
     return rearrange(edit(index, rearrange(fmap, f'{layout} -> b (h w) c')), f'b (h w) c -> {layout}', h=h, w=w)
 
 
+def kept_units(hidden: Tensor, units: list[Tensor] | None) -> Tensor:
+    """An MLP's hidden units (its first layer through the activation), appended to `units` where a list is given:
+    how a block hands them to `trace(units=True)` without a hook, its plain forward paying one test."""
+    if units is not None:
+        units.append(hidden)
+    return hidden
+
+
 def graph_pixels(pixels: Tensor) -> Tensor:
     """The pixels a grad trace starts its graph from: a leaf of their values, unless they already carry a graph
     (a feature picture's parametrisation: the gradient must reach what made them)."""
@@ -175,6 +183,8 @@ class BlockTrace:
     attends: bool = True           # False: a convolutional block, which has no attention at all (ResNet, ConvNeXt)
     input_grid: tuple[int, int] | None = None   # the grid of `inputs` where it is not query_grid (a ResNet block
                                                 # that halves the grid itself: its input is the previous stage's)
+    hidden: Tensor | None = None   # b n hidden, the MLP's first layer through its activation at every token (prefix
+                                   # tokens first): Ghiasi et al. 2022's units, kept by traces made with units=True
 
     @property
     def stream_grid(self) -> tuple[int, int]:

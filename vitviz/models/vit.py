@@ -29,6 +29,7 @@ from .trace import (
     graph_pixels,
     graph_start,
     kept_blocks,
+    kept_units,
 )
 
 LN_EPS = 1e-6
@@ -139,8 +140,10 @@ class Mlp(nn.Module):
         self.act = ACTIVATIONS[act]()
         self.fc2 = GammaLinear(hidden_dim, dim)
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.fc2(self.act(self.fc1(x)))
+    def forward(self, x: Tensor, units: list[Tensor] | None = None) -> Tensor:
+        """x -> fc2(act(fc1(x))); `units`: where a list is given, act(fc1(x)) is appended to it (as
+        `models.layers.Mlp`)."""
+        return self.fc2(kept_units(self.act(self.fc1(x)), units))
 
 
 class Block(nn.Module):
@@ -158,16 +161,17 @@ class Block(nn.Module):
         self.ls2 = scale()
 
     def forward(self, x: Tensor, return_attn: bool = False, queries: int | None = None,
-                attn_delta: Tensor | None = None) -> tuple[Tensor, Tensor | None, Tensor, Tensor]:
+                attn_delta: Tensor | None = None, units: list[Tensor] | None = None
+                ) -> tuple[Tensor, Tensor | None, Tensor, Tensor]:
         """-> (output tokens, attention or None, first norm's output, the attention's values); queries: compute
         only the first that many tokens' outputs (all by default); attn_delta: added to the attention's output
-        (activation patching)."""
+        (activation patching); units: where a list is given, the MLP's hidden units are appended to it."""
         normed = self.norm1(x)
         out, attn, values = self.attn(normed, return_attn, queries)
         x = x[:, :queries] + self.ls1(out)
         if attn_delta is not None:
             x = x + attn_delta[:, :queries]
-        return x + self.ls2(self.mlp(self.norm2(x))), attn, normed, values
+        return x + self.ls2(self.mlp(self.norm2(x), units)), attn, normed, values
 
     def parts(self, values: Tensor) -> AttentionParts:
         """How the heads write, from the values the attention weighed (LayerScale folded into the projection)."""
@@ -292,7 +296,7 @@ class ViT(nn.Module):
         return self.head_logits(self.norm(tokens))
 
     def trace(self, pixels: Tensor, *, grad: bool = False, decompose: bool = False,
-              attention: KeptAttention = True, edit: Edit | None = None) -> Trace:
+              attention: KeptAttention = True, edit: Edit | None = None, units: bool = False) -> Trace:
         """One forward pass that returns every attention map and block output.
 
         With grad=True the graph is kept, so `torch.autograd.grad(logit, trace.attentions)` works. A model
@@ -303,6 +307,7 @@ class ViT(nn.Module):
         on (LeGrad reading the last blocks; `models.trace.graph_start`).
         edit: `models.trace.Edit`, each block's output tokens replaced before the rest of the forward reads
         them (circuits splice dictionaries in this way).
+        units=True: each block also keeps its MLP's hidden units (`BlockTrace.hidden`, for feature pictures).
         """
         kept = kept_blocks(attention, len(self.blocks))
         graph_from = graph_start(attention, kept)
@@ -313,14 +318,15 @@ class ViT(nn.Module):
                 x, grid = self.embed(pixels)
             blocks = []
             for i, block in enumerate(self.blocks):
-                inputs = x
+                inputs, hidden = x, [] if units else None
                 with torch.set_grad_enabled(grad and i >= graph_from):
-                    x, attn, normed, values = block(x, return_attn=i in kept)
+                    x, attn, normed, values = block(x, return_attn=i in kept, units=hidden)
                     x = edited(edit, i, x)
                 blocks.append(BlockTrace(attn=attn, tokens=x, stage=0, query_grid=grid, key_grid=grid,
                                          key_window=Window(1, 1, 0), prefix_kinds=self.config.prefix_kinds,
                                          normed=normed if grad else None, inputs=inputs,
-                                         parts=block.parts(values) if decompose else None))
+                                         parts=block.parts(values) if decompose else None,
+                                         hidden=hidden[0] if units else None))
             final = self.norm(x)
             pooled = self.pre_logits(final)
             logits = self.head_logits(final) if self.config.num_classes else pooled.new_zeros(pooled.shape[0], 0)

@@ -1,0 +1,123 @@
+"""`vitviz looks`: what a concept, unit, channel or class looks like, drawn by feature visualisation
+(`vitviz.looks`): one picture per target, with its transparency map and the objective's curve beside it; or, with
+--pictures, every concept of a dictionary, written beside it (the pictures the app's concept cards show)."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from tqdm import tqdm
+
+from ..files import png_bytes, write_atomic
+from .common import UsageError, prepare_out
+
+
+def _pair(text: str, what: str) -> tuple[int, int]:
+    block, sep, index = text.partition(":")
+    try:
+        return int(block), int(index)
+    except ValueError:
+        raise UsageError(f"--{what} takes BLOCK:{what.upper()} (two whole numbers, e.g. 3:17), not {text!r}") from None
+
+
+def targets_of(args) -> list[tuple[str, object]]:
+    """(file name stem, target) for every target the command line asks for, in its order."""
+    from ..looks import Channel, Concept, Label, Unit
+
+    named = [(f"concept-{i:04d}", Concept(args.concepts, i)) for i in args.ids or []]
+    for text in args.unit or []:
+        block, unit = _pair(text, "unit")
+        named.append((f"unit-{block}-{unit:04d}", Unit(block, unit)))
+    for text in args.channel or []:
+        block, channel = _pair(text, "channel")
+        named.append((f"channel-{block}-{channel:04d}", Channel(block, channel)))
+    for label in args.label or []:
+        named.append((f"class-{label}", Label(int(label) if label.isdigit() else label)))
+    return named
+
+
+def models_of(args) -> list[str]:
+    """The models to draw in: --model, else the dictionary's (all of a dictionary across models: the shared picture)."""
+    if args.model:
+        return args.model
+    if args.concepts is None:
+        raise UsageError("say which model to draw in: --model M (a dictionary's concepts need none: --concepts DICT)")
+    from ..concepts import Across, ConceptsError, load
+
+    try:
+        dictionary = load(args.concepts)
+    except ConceptsError as e:
+        raise UsageError(str(e)) from None
+    models = dictionary.models if isinstance(dictionary, Across) else (dictionary.model,)
+    if not all(models):
+        raise UsageError(f"{args.concepts} does not record its model: say which with --model M")
+    return list(models)
+
+
+def cmd_looks(args) -> int:
+    from ..looks import LooksError, Settings, draw
+    from ..looks.pictures import folder_of, make_pictures, save_pictures
+
+    try:
+        if args.pictures:
+            if args.concepts is None or args.ids or args.unit or args.channel or args.label:
+                raise UsageError("--pictures draws every concept of a dictionary: give --concepts DICT alone")
+            with tqdm(desc="pictures", unit="picture", file=sys.stderr) as bar:
+                def progress(done: int, total: int) -> None:
+                    bar.total = total
+                    bar.update(done - bar.n)
+                pictures = make_pictures(args.concepts, limit=args.limit, device=args.device or "cpu",
+                                         progress=progress, bar=False)
+            path = save_pictures(pictures, folder_of(args.concepts))
+            print(f"{pictures.n_concepts} concepts' pictures ({', '.join(pictures.sets)}) drawn in "
+                  f"{pictures.seconds:.0f} s, written to {path}")
+            return 0
+        if args.out is None:
+            raise UsageError("--out DIR is needed: the folder the pictures are written to")
+        named = targets_of(args)
+        if not named:
+            raise UsageError("nothing to draw: give --concepts DICT --ids N..., --unit BLOCK:UNIT, "
+                             "--channel BLOCK:CHANNEL or --class NAME")
+        if args.ids and args.concepts is None:
+            raise UsageError("--ids are concept numbers of a dictionary: give it with --concepts DICT")
+        out = prepare_out(Path(args.out))
+        settings = Settings(method=args.method, steps=args.steps, copies=args.copies, seed=args.seed,
+                            canvas=args.canvas)
+        drawing = draw(models_of(args), [target for _, target in named], settings=settings, device=args.device)
+    except LooksError as e:
+        raise UsageError(str(e)) from None
+    for (stem, _), image, alpha, curve in zip(named, drawing.images, drawing.alpha, drawing.curve):
+        write_atomic(out / f"{stem}.png", png_bytes((image * 255).round().astype("uint8")))
+        write_atomic(out / f"{stem}-alpha.png", png_bytes((alpha * 255).round().astype("uint8")))
+        record = {"models": list(drawing.models), "target": stem, "method": drawing.method, "steps": args.steps,
+                  "copies": args.copies, "seed": drawing.seed, "objective": [round(float(v), 5) for v in curve]}
+        write_atomic(out / f"{stem}-curve.json", (json.dumps(record, indent=1) + "\n").encode())
+    print(f"{len(named)} picture(s) drawn in {', '.join(drawing.models)} with {drawing.method} written to {out}")
+    return 0
+
+
+def add_parser(sub) -> None:
+    """`looks` under the main parser."""
+    from ..looks import METHODS, Settings
+
+    defaults = Settings()
+    p = sub.add_parser("looks", help="what a concept, unit, channel or class looks like (feature visualisation)")
+    p.add_argument("--model", nargs="+", help="the model(s) to draw in; several: one picture maximising the target "
+                                              "in all at once (default: the dictionary's models)")
+    p.add_argument("--concepts", help="a dictionary: a bundled name (vit-cifar10-last) or a folder")
+    p.add_argument("--ids", nargs="+", type=int, help="concept numbers of --concepts")
+    p.add_argument("--unit", nargs="+", help="BLOCK:UNIT, a hidden unit of a block's MLP (Ghiasi et al. 2022)")
+    p.add_argument("--channel", nargs="+", help="BLOCK:CHANNEL, a channel of a block's output")
+    p.add_argument("--class", dest="label", nargs="+", help="a class, by name or number: its logit")
+    p.add_argument("--out", help="the folder the pictures are written to")
+    p.add_argument("--method", choices=sorted(METHODS), default="maco")
+    p.add_argument("--steps", type=int, default=defaults.steps)
+    p.add_argument("--copies", type=int, default=defaults.copies, help="augmented copies of each picture per step")
+    p.add_argument("--seed", type=int, default=defaults.seed)
+    p.add_argument("--canvas", type=int, default=None, help="the canvas's side in px (default: the method's)")
+    p.add_argument("--device", default=None, help="default: the GPU where there is one, else the CPU")
+    p.add_argument("--pictures", action="store_true",
+                   help="draw every concept of --concepts and write looks.safetensors beside it (the app's pictures)")
+    p.add_argument("--limit", type=int, default=None, help="with --pictures: the first N concepts alone")
+    p.set_defaults(run=cmd_looks)

@@ -1,0 +1,31 @@
+"""What a concept, unit, channel or class looks like: feature visualisation, for every family vitviz loads.
+
+    from vitviz import looks
+    drawing = looks.draw("vit-cifar10", [looks.Concept("vit-cifar10-last", 394)])     # MACO, 64 steps
+    drawing.images[0], drawing.alpha[0], drawing.curve[0]    # S S 3 in [0, 1], its transparency map, the objective
+    looks.draw("vit-cifar10", looks.Unit(block=3, unit=17), settings=looks.Settings(method="pixels"))
+    looks.draw(["vit-cifar10", "cvt-cifar10", "swin-cifar10", "resnet-cifar10"],   # one picture, four models
+               [looks.Concept("across-cifar10", c) for c in (5, 9)])
+    pictures = looks.pictures_of("vit-cifar10-last")      # every concept's, drawn once and shipped
+    image, alpha = pictures.picture(394)
+
+The picture of a target is the image that excites it most, found by gradient ascent on a parametrised image seen
+through random crops and noise (Olah et al. 2017). The rooms, in the order the work flows:
+
+- `natural.py`: the natural-image statistics MACO holds a picture to (colour correlation, magnitude spectrum),
+  measured from the photographs in assets/ (`assets/make_spectrum.py`) and shipped;
+- `images.py`: the two methods, MACO (Fel et al. 2023: the phase under a fixed magnitude) and pixels with
+  augmentations and a total-variation penalty (Ghiasi et al. 2022), and the crops the models see;
+- `targets.py`: what is maximised, read from the trace (a dictionary's concept, an MLP's unit, a block's channel, a
+  class logit), and across models the normalisation by each model's typical activation;
+- `draw.py`: `draw`, the optimisation, B pictures at once, in one model or several (Thasarathan et al. 2025);
+- `pictures.py`: every concept's picture of a dictionary, drawn once (`make_pictures`) and shipped beside it
+  (`pictures_of`, what the app reads).
+"""
+from .draw import Drawing, Progress, Settings, draw
+from .images import METHODS, Maco, Pixels
+from .pictures import Pictures, make_pictures, pictures_of, save_pictures
+from .targets import Channel, Concept, Label, LooksError, Target, Unit
+
+__all__ = ["METHODS", "Channel", "Concept", "Drawing", "Label", "LooksError", "Maco", "Pictures", "Pixels", "Progress",
+           "Settings", "Target", "Unit", "draw", "make_pictures", "pictures_of", "save_pictures"]

@@ -1,0 +1,133 @@
+"""The optimisation: B pictures at once, one per target, in one model or in several at once.
+
+Each step makes the canvases (`images.py`: MACO's phase or the pixels), shows every model K augmented copies of
+each at its input size (normalised by its own preprocessing, noise added), traces them with the graph from the
+pixels (`trace(grad=True, attention=False)`, the hidden units kept where a target is a unit), reads each image's
+target (`targets.Readout`), and takes one optimiser step on
+
+    objective_b = mean over models m of ( mean over the K copies of target_b in m ) / typical_m(target_b)
+    loss = - Σ_b (objective_b - penalty_b)
+
+(`typical` is 1 in one model; across several, each target's typical activation in that model: `targets.py`).
+The gradient comes back by reverse mode (`torch.autograd.grad` on the phase or pixels and on the canvases alone,
+so the models' weights get none and keep no .grad). Horama's transparency map is the sum over the steps of the
+absolute gradient on the canvas, summed over the colours and scaled to a maximum of 1 per picture: where on the
+canvas the objective cared. The curve is each picture's objective at each step (before that step's update), kept
+on the device and read once at the end.
+
+On a GPU the models run under bfloat16 autocast (the parametrisation, the crops and the objective stay float32);
+on the CPU in float32. Seeded per picture (`images.Randomness`): the same seed, target and settings give the same
+picture on the same device, whatever else is drawn beside it.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from .images import METHODS, Maco, Pixels, Randomness
+from .targets import LooksError, Readout, Target
+
+Progress = Callable[[int, int], None]   # (steps done, steps in all)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How pictures are drawn: the method ('maco', 'pixels', or one's settings: `images.Maco`, `images.Pixels`),
+    the steps, the augmented copies each model sees of each picture per step, the seed, and the canvas's side in px
+    (None: the method's, in model inputs)."""
+    method: Maco | Pixels = field(default_factory=Maco)
+    steps: int = 64
+    copies: int = 4
+    seed: int = 0
+    canvas: int | None = None
+
+    def __post_init__(self):
+        if isinstance(self.method, str):
+            if self.method not in METHODS:
+                raise LooksError(f"There is no method {self.method!r}; there are {', '.join(METHODS)}.")
+            object.__setattr__(self, "method", METHODS[self.method]())
+        for name, least in (("steps", 1), ("copies", 1), ("seed", 0)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise LooksError(f"{name} must be a whole number of at least {least}, not {value!r}.")
+        if self.canvas is not None and (not isinstance(self.canvas, int) or not 8 <= self.canvas <= 2048):
+            raise LooksError(f"The canvas must be from 8 to 2048 px, not {self.canvas!r}.")
+
+    def side(self, inputs: Sequence[tuple[int, int]]) -> int:
+        """The canvas's side in px for models of these input sizes."""
+        return self.canvas or round(self.method.canvas * max(max(size) for size in inputs))
+
+
+@dataclass(frozen=True)
+class Drawing:
+    """B pictures: their canvases, transparency maps and objective curves, as plain arrays."""
+    images: np.ndarray        # B S S 3 float32 in [0, 1]
+    alpha: np.ndarray         # B S S float32 in [0, 1]: where the optimisation's gradient went (1: most)
+    curve: np.ndarray         # B steps float32: the objective before each step
+    models: tuple[str, ...]   # the models it was drawn in
+    method: str
+    seed: int
+
+
+def device_for(device: str | torch.device | None) -> torch.device:
+    """The device asked for, else the GPU where there is one, else the CPU."""
+    return torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
+
+
+def draw(models, targets: Target | Sequence[Target], *, settings: Settings = Settings(),
+         device: str | torch.device | None = None, progress: Progress | None = None, bar: bool = True) -> Drawing:
+    """One picture per target (B targets, drawn together), maximising it in every model of `models` at once (a
+    model's name or a `hub.LoadedModel`, or several: the same concept of a dictionary across them, or the same
+    class). `progress(step, steps)` hears every step; `bar` shows tqdm's. Every target is checked against every
+    model before the first step, and refused in words (`LooksError`)."""
+    from .. import hub
+
+    targets = [targets] if isinstance(targets, Target) else list(targets)
+    models = [models] if isinstance(models, (str, hub.LoadedModel)) else list(models)
+    if not targets or not models:
+        raise LooksError("Give at least one model and one target to draw.")
+    device = device_for(device if device is not None or isinstance(models[0], str) else models[0].device)
+    models = [hub.load(m, device=device) if isinstance(m, str) else m for m in models]
+    if any(m.device != device for m in models):
+        raise LooksError(f"The models must be on one device ({device}): load them there.")
+    dictionaries: dict = {}
+    readouts = [Readout(m, targets, dictionaries=dictionaries, normalised=len(models) > 1) for m in models]
+    method, steps, copies = settings.method, settings.steps, settings.copies
+    randomness = Randomness([int(t.key) for t in targets], seed=settings.seed, device=device)
+    image, optimiser, schedule = method.parametrise(randomness, side=settings.side([m.transform.crop for m in models]),
+                                                    steps=steps)
+    parameter = next(image.parameters())
+    curve = torch.zeros(steps, len(targets), device=device)
+    alpha = None
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+    for step in tqdm(range(steps), desc=f"drawing {len(targets)} with {method.name}", unit="step", disable=not bar,
+                     leave=False):
+        canvas = image()
+        objective = 0
+        for loaded, readout in zip(models, readouts):
+            cut, noise = method.augment(canvas, randomness, copies=copies, size=loaded.transform.crop,
+                                        progress=step / steps)
+            with autocast:
+                trace = loaded.model.trace(loaded.transform.normalize(cut) + noise, grad=True, attention=False,
+                                           units=readout.units)
+            objective = objective + readout(trace, copies).mean(1) / readout.typical
+        objective = objective / len(models)
+        curve[step] = objective.detach()
+        loss = -(objective - method.penalty(canvas)).sum()
+        parameter.grad, canvas_grad = torch.autograd.grad(loss, [parameter, canvas])
+        alpha = canvas_grad.abs().sum(1) if alpha is None else alpha + canvas_grad.abs().sum(1)
+        optimiser.step()
+        if schedule is not None:
+            schedule.step()
+        method.project(image)
+        if progress is not None:
+            progress(step + 1, steps)
+    with torch.no_grad():
+        final = image().permute(0, 2, 3, 1).float().cpu().numpy()
+        alpha = alpha / alpha.flatten(1).max(1).values.clamp(min=1e-12)[:, None, None]
+    return Drawing(images=final, alpha=alpha.float().cpu().numpy(), curve=curve.T.float().cpu().numpy(),
+                   models=tuple(m.name for m in models), method=method.name, seed=settings.seed)
