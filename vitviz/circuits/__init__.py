@@ -14,6 +14,7 @@ faithfulness of the result (`circuit.py`). `../shared/CIRCUITS.md` and each modu
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -45,17 +46,23 @@ def folder_of(source: str | Path) -> Path | None:
 
 def load_dictionaries(sources: Sequence[str | Path]) -> list[tuple[str, object, Path | None]]:
     """(source, dictionary, its folder) for each source: a bundled name, a folder or file, a Hub id; a folder of
-    `block<N>` folders (what `concepts train --block A B C` writes) stands for each of them, in block order."""
-    from ..concepts import load
-
+    `block<N>` folders (what `concepts train --block A B C` writes) stands for each of them, in block order. A
+    process reads each source once (a circuit a click must not read its dictionaries again)."""
     loaded = []
     for source in sources:
         path = Path(str(source)).expanduser()
         blocks = sorted(path.glob("block*"), key=lambda p: int(p.name[5:]) if p.name[5:].isdigit() else -1) \
             if path.is_dir() and not any(path.glob("*.safetensors")) else []
         for one in blocks or [source]:
-            loaded.append((str(one), load(one), folder_of(one)))
+            loaded.append((str(one), _dictionary(str(one)), folder_of(one)))
     return loaded
+
+
+@lru_cache(maxsize=64)
+def _dictionary(source: str):
+    from ..concepts import load
+
+    return load(source)
 
 
 def photo_circuit(loaded, image: Image.Image, *, dictionaries: Sequence[str | Path], target: int | None = None,
@@ -89,9 +96,14 @@ def data_faithfulness(loaded, data, *, dictionaries: Sequence[str | Path], indic
 
 def concept_names(site: Site) -> dict[int, str] | None:
     """concept -> its name (`concepts.analysis.names`, from the exemplar index beside the dictionary), or None."""
+    return _names(site.source, site.dictionary)
+
+
+@lru_cache(maxsize=64)   # a process names each dictionary's concepts once (finding the index checks its weights)
+def _names(source: str, dictionary) -> dict[int, str] | None:
     from ..concepts.analysis.names import dictionary_names
 
     try:
-        return {name.concept: name.title for name in dictionary_names(site.source, site.dictionary)}
+        return {name.concept: name.title for name in dictionary_names(source, dictionary)}
     except (ConceptsError, OSError):
         return None

@@ -75,7 +75,8 @@ def circuit(loaded, pixels: Tensor, sites: Sequence[Site], metric: Metric, *, ba
     edges = _edges(loaded, pixels, sites, states, kept, edge_share=edge_share, frozen=frozen)
     result = Circuit(
         model=loaded.name, metric=metric.describe(labels), target=metric.target, target_label=labels[metric.target],
-        contrast=metric.contrast, value=value, baseline=baseline,
+        contrast=metric.contrast, contrast_label=None if metric.contrast is None else labels[metric.contrast],
+        value=value, baseline=baseline,
         method="attribution patching" if method == "atp" else f"integrated gradients ({steps} steps)",
         attention="held fixed (attention patterns and norm scales are this photo's constants)" if frozen else
         "the model's own (gradients through the attention patterns)",

@@ -53,6 +53,9 @@ INPUT, LOGIT = "input", "logit"
 
 @dataclass(frozen=True)
 class Node:
+    """A node of the graph: a concept at a block (its codes summed over the rows it fires on), a block's error, the
+    photo (input) or the metric (logit); its effect on the metric, and where it is on the photo (`map` over
+    `grid`, the class token's value apart)."""
     id: str
     kind: str                       # concept, error, input, logit
     name: str
@@ -67,6 +70,7 @@ class Node:
 
 @dataclass(frozen=True)
 class Edge:
+    """How much node `source` moves node `target` (for the logit: the metric), in the metric's units."""
     source: str
     target: str
     weight: float
@@ -80,6 +84,7 @@ class Circuit:
     target: int
     target_label: str
     contrast: int | None
+    contrast_label: str | None
     value: float                      # m on the photo
     baseline: str
     method: str

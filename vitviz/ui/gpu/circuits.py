@@ -66,7 +66,8 @@ def site_index(source: str, model: str) -> tuple[Exemplars | None, str]:
 def removals(run: ModelRun, circuit: Circuit) -> dict[int, Removal | str]:
     """Per own site, the target's probability with each of its kept concepts removed from the block's output (one
     forward of C + 1 rows, `splice.concept_effects`); across models, or where the block cannot be spliced, why not."""
-    from ...concepts import ConceptsError, load
+    from ...circuits import load_dictionaries
+    from ...concepts import ConceptsError
     from ...concepts.analysis.photo import ACROSS_REMOVAL
     from ...concepts.analysis.splice import concept_effects
 
@@ -79,7 +80,7 @@ def removals(run: ModelRun, circuit: Circuit) -> dict[int, Removal | str]:
         if not kept:
             continue
         try:
-            dictionary = load(site["dictionary"]).to(run.loaded.device)
+            (_, dictionary, _), = load_dictionaries([site["dictionary"]])   # read once a process
             effects = concept_effects(run.loaded, run.trace, dictionary, concepts=kept, target=circuit.target,
                                       block=site["block"])
         except ConceptsError as e:
