@@ -90,8 +90,8 @@ class Pictures:
         return self.sets[name][2][concept].numpy()
 
 
-def _jpegs(images: np.ndarray, alpha: np.ndarray) -> list[bytes]:
-    """Each picture and then its map (float in [0, 1]) as JPEG bytes."""
+def jpegs(images: np.ndarray, alpha: np.ndarray) -> list[bytes]:
+    """Each picture (B S S 3) and then its map (B S S), floats in [0, 1], as the file's JPEG bytes."""
     out = []
     for image, mask in zip(images, alpha):
         for pixels in ((image * 255).round().astype(np.uint8), (mask * 255).round().astype(np.uint8)):
@@ -121,18 +121,18 @@ def make_pictures(source: str | Path, *, settings: Settings = SETTINGS, batch: i
     total, done, start = len(plan) * len(concepts), 0, time.perf_counter()
     sets = {}
     for name, drawn_in in plan:
-        jpegs, curves = [], []
+        encoded, curves = [], []
         for first in range(0, len(concepts), batch):
             ids = concepts[first:first + batch]
             drawing = draw([loaded[m] for m in drawn_in], [Concept(source, c) for c in ids], settings=settings,
                            device=device, bar=bar)
-            jpegs += _jpegs(drawing.images, drawing.alpha)
+            encoded += jpegs(drawing.images, drawing.alpha)
             curves.append(torch.from_numpy(drawing.curve))
             done += len(ids)
             if progress is not None:
                 progress(done, total)
-        offsets = torch.from_numpy(np.concatenate([[0], np.cumsum([len(j) for j in jpegs])]).astype(np.int64))
-        sets[name] = (torch.frombuffer(bytearray(b"".join(jpegs)), dtype=torch.uint8), offsets, torch.cat(curves))
+        offsets = torch.from_numpy(np.concatenate([[0], np.cumsum([len(j) for j in encoded])]).astype(np.int64))
+        sets[name] = (torch.frombuffer(bytearray(b"".join(encoded)), dtype=torch.uint8), offsets, torch.cat(curves))
     state = {k: v.detach().cpu() for k, v in dictionary.state_dict().items()}
     return Pictures(sets=sets, n_concepts=len(concepts), settings=settings_record(settings),
                     dictionary_sha256=checksum(state), seconds=time.perf_counter() - start)
