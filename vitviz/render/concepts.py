@@ -1,5 +1,6 @@
 """A concept of a dictionary drawn: its map over the photo, its top images from a data set with their maps, and
-both on one card (near square, as a gallery shows its items; its words go beside it as page text).
+both on one card (near square, as a gallery shows its items; its words go beside it as page text), with what the
+concept looks like (its feature pictures, `render.looks`) in a row between them.
 
 A concept's map is its code at each cell of a grid that tiles a rectangle of the photo evenly (the model's tokens
 as `concepts.activations.align` cuts them, or the cells of a dictionary across models): the rectangle is given as
@@ -18,6 +19,7 @@ import numpy as np
 
 from .canvas import UNSEEN_TABLE, as_map, as_rgb
 from .captions import STRIP, Ink, put_text, tile
+from .looks import picture_row
 from .overlay import DEFAULT_CMAP, colorize, normalise
 
 Region = tuple[float, float, float, float]   # (y0, x0, y1, x1), fractions of the image's height and width
@@ -87,10 +89,12 @@ def photo_side(size: tuple[int, int]) -> int:
     return max(1, round(max(h, w) * min(CARD_WIDTH / w, PHOTO_HEIGHT / h)))
 
 
-def concept_card(photo_view: np.ndarray, exemplars: Sequence[np.ndarray], *, title: str) -> np.ndarray:
+def concept_card(photo_view: np.ndarray, exemplars: Sequence[np.ndarray], *, title: str,
+                 pictures: Sequence[tuple[str, np.ndarray]] | None = None) -> np.ndarray:
     """One concept on a card `CARD_WIDTH` px wide, near square (as a gallery shows it): the photo with its map,
-    fitted into the card's width and `PHOTO_HEIGHT`, `title` on it, and under it the exemplar tiles (squares of
-    `exemplar_layout`'s side, in its rows)."""
+    fitted into the card's width and `PHOTO_HEIGHT`, `title` on it; under it what the concept looks like (`pictures`,
+    (label, picture) pairs, in `render.looks.picture_row`'s row; empty: the row says there are none yet; None: no
+    row), then the exemplar tiles (squares of `exemplar_layout`'s side, in its rows), each picture above a tile."""
     photo = as_rgb(photo_view)
     h, w = photo.shape[:2]
     fitted = w <= CARD_WIDTH and h <= PHOTO_HEIGHT and (w == CARD_WIDTH or h == PHOTO_HEIGHT)   # `photo_side`'s
@@ -98,14 +102,23 @@ def concept_card(photo_view: np.ndarray, exemplars: Sequence[np.ndarray], *, tit
         scale = min(CARD_WIDTH / w, PHOTO_HEIGHT / h)
         size = (max(1, round(w * scale)), max(1, round(h * scale)))
         photo = cv2.resize(photo, size, interpolation=cv2.INTER_AREA if scale < 1 else cv2.INTER_CUBIC)
-    strip = tile(list(exemplars), cols=exemplar_layout(len(exemplars))[0], gap=GAP) if exemplars else None
-    out = np.empty((PHOTO_HEIGHT + (0 if strip is None else strip.shape[0]), CARD_WIDTH, 3), np.uint8)
+    per_row, side = exemplar_layout(len(exemplars) or PER_ROW)
+    parts = [] if pictures is None else [picture_row(pictures, side=side, per_row=per_row, width=CARD_WIDTH)]
+    if exemplars:
+        strip = tile(list(exemplars), cols=per_row, gap=GAP)
+        part = np.empty((strip.shape[0], CARD_WIDTH, 3), np.uint8)
+        part[:] = STRIP
+        x = (CARD_WIDTH - strip.shape[1]) // 2
+        part[:, x:x + strip.shape[1]] = strip
+        parts.append(part)
+    out = np.empty((PHOTO_HEIGHT + sum(part.shape[0] for part in parts), CARD_WIDTH, 3), np.uint8)
     out[:] = STRIP
     x, y = (CARD_WIDTH - photo.shape[1]) // 2, (PHOTO_HEIGHT - photo.shape[0]) // 2
     out[y:y + photo.shape[0], x:x + photo.shape[1]] = photo
-    if strip is not None:
-        x = (CARD_WIDTH - strip.shape[1]) // 2
-        out[PHOTO_HEIGHT:, x:x + strip.shape[1]] = strip
+    y = PHOTO_HEIGHT
+    for part in parts:
+        out[y:y + part.shape[0]] = part
+        y += part.shape[0]
     ink = Ink.for_size(out.shape[:2])
     put_text(out, title, (GAP + ink.line, GAP + ink.line_height(1.2)), ink, scale=1.2)
     return out

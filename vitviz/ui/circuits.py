@@ -4,7 +4,8 @@ concept (where it fires on the photo) or a block's error (what its dictionary mi
 the class's logit, an edge how much one node moves the next. The class (by default the left model's top one), a
 contrast class, the baseline, the method and whether attention is held fixed are the page's; the share of each
 block's effect kept sizes the circuit. A click on a node, or the list, opens its card: its map, its top images,
-how often it fires, its strongest inputs and outputs, and what removing it does to the prediction.
+how often it fires, its strongest inputs and outputs, what removing it does to the prediction, and what it looks
+like (`pictures.py`: shipped beside its dictionary, or drawn here by "Draw this concept").
 
 One GPU call reads both circuits for one set of choices (`gpu.read_circuits`, kept in the session); the pictures,
 the cards and the clicks are drawn from what it returned."""
@@ -21,7 +22,7 @@ import numpy as np
 from ..render.circuits import ERROR_CMAP, circuit_faithfulness, circuit_graph, graph_layout, node_at
 from ..render.concepts import cell_overlay, concept_card, exemplar_layout, photo_side
 from ..session import ModelRun
-from . import gpu
+from . import gpu, pictures
 from .concepts import change, exemplar_tiles, percent
 from .shared import HIDDEN, INSTANT, MODEL_EVENTS, Page, as_files, runs, session
 
@@ -56,6 +57,7 @@ class Card(NamedTuple):
     words: str
     graph_a: object
     graph_b: object
+    draw: object   # the "Draw this concept" button: shown for a concept node without pictures
 
 
 def class_box(key) -> tuple[gr.Dropdown, gr.Dropdown]:
@@ -250,8 +252,9 @@ def card_words(run: ModelRun, found: gpu.CircuitReading, node, partner: str) -> 
     return "\n\n".join(line for line in lines if line)
 
 
-def card_picture(run: ModelRun, found: gpu.CircuitReading, node) -> np.ndarray:
-    """The card: the node's map over the photo (shaded where the model never saw it), its top images under it."""
+def card_picture(run: ModelRun, found: gpu.CircuitReading, node, shown: list | None = None) -> np.ndarray:
+    """The card: the node's map over the photo (shaded where the model never saw it), its pictures (`shown`:
+    `pictures.card_pictures`' pairs; None: an error node's, none) and its top images under it."""
     thumbnail = run.canvas.thumbnail(photo_side(run.canvas.size))
     base = thumbnail.shaded(thumbnail.fields[run.trace.blocks[node.block].stage])
     region = sites_on_photo(run, {"sites": found.circuit.sites})[node.block][1]
@@ -260,13 +263,23 @@ def card_picture(run: ModelRun, found: gpu.CircuitReading, node) -> np.ndarray:
                          **({"cmap": ERROR_CMAP} if node.kind == "error" else {}))
     images = tuple(found.exemplars.get(node.id, ()))
     tiles = exemplar_tiles(images, exemplar_layout(len(images))[1]) if images else ()
-    return concept_card(photo, tiles, title=f"{run.name}: {node.name}")
+    return concept_card(photo, tiles, title=f"{run.name}: {node.name}", pictures=shown)
+
+
+def node_asked(key, found: list[gpu.CircuitReading | str], side: int, node) -> pictures.Asked:
+    """What a concept node's pictures are of: its dictionary's concept, on its model, or on every model whose circuit
+    reads the same dictionary across models."""
+    site = next(site for site in found[side].circuit.sites if site["block"] == node.block)
+    names = session(key).names
+    models = tuple(name for name, reading in zip(names, found) if not isinstance(reading, str)
+                   and any(s["dictionary"] == site["dictionary"] for s in reading.circuit.sites))
+    return pictures.Asked(site["dictionary"], int(node.concept), models if site["across"] else (names[side],))
 
 
 def node_card(key, asked, picked) -> Card:
     """The card of the node picked ('side:node id'), and both graphs with it framed."""
     if key is None or asked is None or not picked:
-        return Card(None, "", gr.skip(), gr.skip())
+        return Card(None, "", gr.skip(), gr.skip(), gr.Button(visible=False))
     side, node_id = picked.split(":", 1)
     runs_, found = runs(key), readings(key, tuple(asked))
     side = int(side)
@@ -282,9 +295,30 @@ def node_card(key, asked, picked) -> Card:
         twin = next(n for n in other.nodes if n.id in shared[1 - side] and n.concept == node.concept)
         partner = (f"**In both models**: {runs_[1 - side].name}'s circuit holds the same concept at block "
                    f"{twin.block + 1}, with effect {twin.effect:+.3f}.")
-    pictures = [graph_picture(run, graph, mine, node_id if k == side else None)
-                for k, (run, graph, mine) in enumerate(zip(runs_, graphs, shared))]
-    return Card(card_picture(runs_[side], reading, node), card_words(runs_[side], reading, node, partner), *pictures)
+    graph_pictures = [graph_picture(run, graph, mine, node_id if k == side else None)
+                      for k, (run, graph, mine) in enumerate(zip(runs_, graphs, shared))]
+    words = card_words(runs_[side], reading, node, partner)
+    if node.kind != "concept":
+        return Card(card_picture(runs_[side], reading, node), words, *graph_pictures, gr.Button(visible=False))
+    asked = node_asked(key, found, side, node)
+    shown = pictures.card_pictures(key, asked)
+    words += "\n\n" + pictures.words(key, asked, f"**What it looks like** ({node.name})")
+    return Card(card_picture(runs_[side], reading, node, shown), words, *graph_pictures,
+                gr.Button(visible=not shown))
+
+
+def draw_node(key, asked, picked, progress=gr.Progress()) -> Card:
+    """"Draw this concept": the picked concept node's pictures (a GPU call the first time; kept in the session), and
+    its card drawn again with them."""
+    if key is None or asked is None or not picked:
+        raise gr.Error("Draw the circuits and pick a concept node first, then press Draw this concept.")
+    side, node_id = picked.split(":", 1)
+    found = readings(key, tuple(asked))
+    reading = found[int(side)]
+    if isinstance(reading, str) or node_id not in {n.id for n in reading.circuit.nodes if n.kind == "concept"}:
+        raise gr.Error("Only a concept node has pictures: pick one in the graphs or the list.")
+    pictures.draw(key, node_asked(key, found, int(side), reading.circuit.node(node_id)), progress)
+    return node_card(key, asked, picked)
 
 
 def picked_at(side: int) -> Callable:
@@ -363,6 +397,7 @@ def layout(page: Page) -> CircuitsTab:
                             elem_id="circuits-card")
             with gr.Column(min_width=300):
                 words = gr.Markdown(elem_id="circuits-card-words")
+                draw_concept = gr.Button("Draw this concept", visible=False, elem_id="circuits-draw-concept")
 
     with tab:   # not among the top-level Tabs' children, which Gradio's frontend counts as its tabs' indices
         is_open, asked = gr.State(False), gr.State(None)
@@ -375,8 +410,11 @@ def layout(page: Page) -> CircuitsTab:
     for control in (target.input, contrast.input, baseline.input, method.input, frozen.input, share.release):
         control(as_files(render_circuits), inputs=[key, *choices], outputs=outputs, api_name=None, **MODEL_EVENTS,
                 **HIDDEN)
-    picker.change(as_files(node_card), inputs=[key, asked, picker], outputs=[card, words, graph_a, graph_b],
-                  api_name=None, **INSTANT, **HIDDEN)
+    card_outputs = [card, words, graph_a, graph_b, draw_concept]
+    picker.change(as_files(node_card), inputs=[key, asked, picker], outputs=card_outputs, api_name=None, **INSTANT,
+                  **HIDDEN)
+    draw_concept.click(as_files(draw_node), inputs=[key, asked, picker], outputs=card_outputs, api_name=None,
+                       **MODEL_EVENTS, **HIDDEN)   # `/looks`'s computation, for the picked node
     for side, graph in enumerate((graph_a, graph_b)):
         graph.select(picked_at(side), inputs=[key, asked], outputs=[picker], api_name=None, **INSTANT, **HIDDEN)
     page.tabs.select(circuits_open, outputs=[is_open], api_name="circuits_open", **INSTANT, **HIDDEN)

@@ -6,7 +6,8 @@ columns and which of the photo's concepts both use; with two separate ones, thei
 photo lists the concepts active there in both models.
 
 One model pass reads it all (`gpu.concepts`, once per photo and pair of dictionaries, kept in the session); the
-cards and the click are drawn from what it returned."""
+cards and the click are drawn from what it returned. Each card shows what its concept looks like too (`pictures.py`:
+shipped beside its dictionary, or drawn here by "Draw this concept" once the card is picked)."""
 from __future__ import annotations
 
 import json
@@ -23,7 +24,7 @@ from .. import catalog
 from ..concepts.build import METRICS
 from ..render.concepts import cell_overlay, concept_card, exemplar_layout, exemplar_tile, photo_side
 from ..session import ModelRun
-from . import gpu
+from . import gpu, pictures
 from .shared import HIDDEN, INSTANT, MODEL_EVENTS, WHOLE, Page, as_files, run_point, runs, session
 
 TITLE = "Concepts"
@@ -34,6 +35,7 @@ WORDS = ("**What each model represents, one concept at a time.** A concept dicti
          "the cards gives its numbers. One dictionary for both (**across-cifar10**) shows the same concept in both.")
 WAITING = "Press **Explain** first: this panel reads both models on the image."
 POINT_WORDS = "Click the photo (the input image at the top) to list the concepts active at that place in both models."
+PICK_WORDS = "Click a card to pick its concept: where its pictures come from, or **Draw this concept** where none ship."
 TOKENS = {"patch": "patch tokens", "patch+cls": "patch and class tokens", "cls": "class token", "position": "positions"}
 
 
@@ -72,15 +74,15 @@ def dictionary_box(model: str, current: str | None = None) -> gr.Dropdown:
     return gr.Dropdown(choices=offered, value=current if keep else default_dictionary(model), allow_custom_value=True)
 
 
-def reading(key, dictionary_a, dictionary_b) -> gpu.Concepts:
+def reading(key, dictionary_a, dictionary_b, *, compute: bool = True) -> gpu.Concepts | None:
     """Both models' concepts through the two dictionaries: one `gpu.concepts` call the first time, kept in the
-    session per pair of dictionaries."""
+    session per pair of dictionaries (without `compute`, the kept one or None)."""
     kept = session(key)
     sources = tuple(gpu.dictionary_source(d) for d in (dictionary_a, dictionary_b))
 
-    def compute():
+    def read():
         return gpu.concepts(kept.names, kept.picture, [run.pixels for run in kept.runs], list(sources), kept.prompts)
-    return kept.reading(("concepts", *sources), compute)
+    return kept.reading(("concepts", *sources), read if compute else None)
 
 
 def percent(p: float, digits: int | None = None) -> str:
@@ -171,15 +173,25 @@ def card_photo(run: ModelRun, column: gpu.ConceptReading) -> np.ndarray:
     return canvas.shaded(canvas.fields[run.trace.blocks[column.block].stage])
 
 
-def card(run: ModelRun, column: gpu.ConceptReading, k: int, base: np.ndarray | None = None) -> np.ndarray:
+def card(run: ModelRun, column: gpu.ConceptReading, k: int, base: np.ndarray | None = None,
+         shown: list | None = None) -> np.ndarray:
     """The card of a column's k-th shown concept: its map over the photo (`base`, `card_photo`'s, made here if not
-    given), its top images under it."""
+    given), its pictures beside it (`shown`: `pictures.card_pictures`' pairs; None as []: none yet), its top images
+    under them."""
     base = card_photo(run, column) if base is None else base
     values = column.maps[k]
     photo = cell_overlay(base, values, column.region, vmax=float(values.max()))
     images = () if column.exemplars is None else tuple(column.exemplars[k])
     tiles = exemplar_tiles(images, exemplar_layout(len(images))[1]) if images else ()
-    return concept_card(photo, tiles, title=column.names[k].title)
+    return concept_card(photo, tiles, title=column.names[k].title, pictures=shown or [])
+
+
+def card_asked(key, found: gpu.Concepts, side: int, concept: int) -> pictures.Asked:
+    """What the pictures of a column's card for `concept` are of: its dictionary's concept, on the column's model, or
+    on both models where one dictionary across both is read in both columns."""
+    names = session(key).names
+    return pictures.Asked(source=found.columns[side].source, concept=int(concept),
+                          models=tuple(names) if found.both is not None else (names[side],))
 
 
 @lru_cache(maxsize=256)   # a concept's top images are the same whatever the photo: drawn once a process
@@ -192,14 +204,15 @@ def exemplar_tiles(images: tuple[gpu.ConceptImage, ...], side: int) -> tuple[np.
     return tiles
 
 
-def cards(run: ModelRun, found: gpu.Concepts, side: int) -> tuple[list, str]:
+def cards(key, run: ModelRun, found: gpu.Concepts, side: int) -> tuple[list, str]:
     """A column's cards for its gallery, each captioned with its concept, and their table as page text (a gallery
     cuts a caption to its thumbnail's width)."""
     column = found.columns[side]
     if isinstance(column, str):
         return [], ""
     base = card_photo(run, column)
-    items = [(card(run, column, k, base), f"{int(c)}") for k, c in enumerate(column.concepts)]
+    items = [(card(run, column, k, base, pictures.card_pictures(key, card_asked(key, found, side, c))), f"{int(c)}")
+             for k, c in enumerate(column.concepts)]
     return items, table(run, found, side)
 
 
@@ -243,7 +256,7 @@ def render_concepts(key, dictionary_a, dictionary_b) -> Shown:
     if key is None:
         return Shown(WAITING, [], [], "", "", "")
     runs_, found = runs(key), reading(key, dictionary_a, dictionary_b)
-    (cards_a, words_a), (cards_b, words_b) = (cards(run, found, side) for side, run in enumerate(runs_))
+    (cards_a, words_a), (cards_b, words_b) = (cards(key, run, found, side) for side, run in enumerate(runs_))
     lines = [column_words(run, column) for run, column in zip(runs_, found.columns)] + [shared_words(found)]
     return Shown("\n\n".join(line for line in lines if line), cards_a, cards_b, words_a, words_b, POINT_WORDS)
 
@@ -264,8 +277,7 @@ def concepts_at(key, point, dictionary_a, dictionary_b) -> str:
         return WAITING
     if point is None:
         return POINT_WORDS
-    kept = session(key)
-    found = kept.reading(("concepts", *(gpu.dictionary_source(d) for d in (dictionary_a, dictionary_b))))
+    kept, found = session(key), reading(key, dictionary_a, dictionary_b, compute=False)
     if found is None:
         return "Press **Read the concepts** first, then click the photo."
     active = []
@@ -291,6 +303,36 @@ def concepts_at(key, point, dictionary_a, dictionary_b) -> str:
         lines.append(f"**{run.name}**, cell ({cell // column.grid[1] + 1}, {cell % column.grid[1] + 1}) of its "
                      f"{column.grid[0]} x {column.grid[1]}: {', '.join(items) or 'no concept fires there'}.")
     return "\n\n".join(lines)
+
+
+def picked_at(side: int) -> Callable:
+    """The handler of a click on one column's card: its concept picked ((side, concept)), the line on its pictures,
+    and the draw button shown where it has none."""
+    def pick(key, dictionary_a, dictionary_b, evt: gr.SelectData):
+        found = None if key is None else reading(key, dictionary_a, dictionary_b, compute=False)
+        if found is None or isinstance(found.columns[side], str):
+            return gr.skip(), gr.skip(), gr.skip()
+        column, k = found.columns[side], int(evt.index)
+        asked = card_asked(key, found, side, column.concepts[k])
+        what = f"**{column.names[k].title}** ({runs(key)[side].name})"
+        return ((side, int(column.concepts[k])), pictures.words(key, asked, what),
+                gr.Button(visible=not pictures.card_pictures(key, asked)))
+    return pick
+
+
+def draw_picked(key, dictionary_a, dictionary_b, picked, progress=gr.Progress()) -> tuple:
+    """"Draw this concept": the picked card's pictures (a GPU call the first time; kept in the session), and both
+    columns' cards drawn again with them."""
+    found = None if key is None else reading(key, dictionary_a, dictionary_b, compute=False)
+    if found is None or not picked:
+        raise gr.Error("Read the concepts and click a card first, then press Draw this concept.")
+    side, concept = picked
+    column = found.columns[side]
+    asked = card_asked(key, found, side, concept)
+    drawn = pictures.draw(key, asked, progress)
+    shown = render_concepts(key, dictionary_a, dictionary_b)
+    what = f"**{column.names[list(column.concepts).index(concept)].title}** ({runs(key)[side].name})"
+    return shown.concepts_a, shown.concepts_b, pictures.drawn_words(drawn, what), gr.Button(visible=False)
 
 
 def concepts_open(evt: gr.SelectData) -> bool:
@@ -329,6 +371,9 @@ def layout(page: Page) -> ConceptsTab:
             read = gr.Button("Read the concepts", variant="primary", scale=1, elem_id="concepts-read")
         note = gr.Markdown(label="what each model finds", elem_id="concepts-note")
         point_words = gr.Markdown(POINT_WORDS, label="at the clicked place", elem_id="concepts-point")
+        with gr.Row(equal_height=True):
+            pick_words = gr.Markdown(PICK_WORDS, elem_id="concepts-pick")
+            draw = gr.Button("Draw this concept", visible=False, scale=0, min_width=180, elem_id="concepts-draw")
         with gr.Row(equal_height=False):
             with gr.Column():
                 concepts_a = gr.Gallery(label="left: the photo's concepts", columns=2, **WHOLE, elem_id="concepts-a")
@@ -340,17 +385,27 @@ def layout(page: Page) -> ConceptsTab:
                                       elem_classes="concept-table")
 
     with tab:   # not among the top-level Tabs' children, which Gradio's frontend counts as its tabs' indices
-        is_open = gr.State(False)
+        is_open, picked = gr.State(False), gr.State(None)
     inputs, outputs = [key, dictionary_a, dictionary_b], [note, concepts_a, concepts_b, words_a, words_b, point_words]
-    read.click(as_files(render_concepts), inputs=inputs, outputs=outputs, api_name="concepts", **MODEL_EVENTS)
-    tab.select(as_files(render_concepts), inputs=inputs, outputs=outputs, api_name=None, **MODEL_EVENTS, **HIDDEN)
+    unpicked = dict(fn=lambda: (None, PICK_WORDS, gr.Button(visible=False)), outputs=[picked, pick_words, draw],
+                    api_name=None, **INSTANT, **HIDDEN)   # new cards: none picked
+    read.click(as_files(render_concepts), inputs=inputs, outputs=outputs, api_name="concepts",
+               **MODEL_EVENTS).then(**unpicked)
+    tab.select(as_files(render_concepts), inputs=inputs, outputs=outputs, api_name=None, **MODEL_EVENTS,
+               **HIDDEN).then(**unpicked)
     page.tabs.select(concepts_open, outputs=[is_open], api_name="concepts_open", **INSTANT, **HIDDEN)
+    for side, gallery in enumerate((concepts_a, concepts_b)):
+        gallery.select(picked_at(side), inputs=inputs, outputs=[picked, pick_words, draw], api_name=None, **INSTANT,
+                       **HIDDEN)
+    draw.click(as_files(draw_picked), inputs=[*inputs, picked], outputs=[concepts_a, concepts_b, pick_words, draw],
+               api_name=None, **MODEL_EVENTS, **HIDDEN)   # `/looks`'s computation, for the picked card
 
     def explained(event, public: bool) -> None:
         """After an Explain: each column's dictionary for its model, the last photo's cards cleared and, with this
         tab open, the new photo's concepts (a model pass)."""
         chosen = event.success(after_explain, inputs=inputs, outputs=[dictionary_a, dictionary_b, *outputs],
                                api_name=None, **INSTANT, **HIDDEN)
+        chosen.then(**unpicked)
         chosen.success(as_files(concepts_if_open), inputs=[*inputs, is_open], outputs=outputs, api_name=None,
                        **MODEL_EVENTS, **HIDDEN)
 

@@ -234,7 +234,7 @@ def build(vit: str, cvt: str, notice: str = "", at_hand: set[str] | None = None)
             attention_parts = attention.layout(page)
             class_parts = classes.layout(page)
             features.layout(page)
-            anatomy.layout(page)
+            anatomy_parts = anatomy.layout(page)
             compare_parts = compare_tab.layout(page)
             decide_parts = decide.layout(page)
             concepts_parts = concepts.layout(page)
@@ -248,8 +248,8 @@ def build(vit: str, cvt: str, notice: str = "", at_hand: set[str] | None = None)
         def explained(event, public: bool = False) -> None:
             """What follows an Explain: each tab draws what it shows without a click, so it is ready when opened
             (the first Explain event documents the endpoints; the pairs' copies stay unlisted)."""
-            for tab in (token_parts, attention_parts, class_parts, compare_parts, decide_parts, concepts_parts,
-                        circuits_parts):
+            for tab in (token_parts, attention_parts, class_parts, anatomy_parts, compare_parts, decide_parts,
+                        concepts_parts, circuits_parts):
                 tab.explained(event, public)
 
         answered = run.click(as_files(explain), inputs=[image, model_a, model_b, prompts], outputs=answer,
