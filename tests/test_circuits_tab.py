@@ -115,6 +115,41 @@ def test_a_nodes_card_says_its_effect_frequency_edges_and_what_removing_it_does(
     assert not calls   # cards are drawn from the kept circuits
 
 
+def test_a_concept_nodes_card_shows_its_pictures_and_draws_them_where_none_ship(shown_pair, monkeypatch):
+    from vitviz import looks
+    from vitviz.ui import pictures
+    key, shown = shown_pair
+    settings = looks.Settings(method=looks.Maco(canvas=1.0, box=(0.8, 1.0)), steps=3, copies=1, seed=0)
+    monkeypatch.setattr(pictures, "settings", lambda: settings)   # the shipped settings, cut to a few steps
+    shipped = pictures.shipped
+    monkeypatch.setattr(pictures, "shipped", lambda source: None if source == "vit-cifar10-middle" else shipped(source))
+    drawn, card_of = [], circuits.concept_card
+    monkeypatch.setattr(circuits, "concept_card", lambda *a, **k: drawn.append(k) or card_of(*a, **k))
+    c = circuits.readings(key, shown.asked)[0].circuit
+    block = {site["dictionary"]: site["block"] for site in c.sites}
+    node = next(n for n in c.nodes if n.kind == "concept" and n.block == block["vit-cifar10-middle"])
+    card = circuits.node_card(key, shown.asked, f"0:{node.id}")
+    assert card.draw.visible and drawn[-1]["pictures"] == []
+    assert "no picture of it ships with vit-cifar10-middle. **Draw this concept** draws one in vit-cifar10 (" \
+        in card.words
+    made = circuits.draw_node(key, shown.asked, f"0:{node.id}", **QUIET)
+    reference = looks.draw("vit-cifar10", looks.Concept("vit-cifar10-middle", node.concept), settings=settings,
+                           device="cpu", bar=False)
+    (label, picture), = drawn[-1]["pictures"]
+    assert label == "its picture" and np.array_equal(picture, reference.images[0])
+    assert not made.draw.visible and "its pictures were drawn here" in made.words
+    with pytest.raises(gr.Error, match="Only a concept node has pictures"):
+        circuits.draw_node(key, shown.asked, "1:b8/error", **QUIET)
+    last = next(n for n in c.nodes if n.kind == "concept" and n.block == block["vit-cifar10-last"])
+    expected = looks.pictures_of("vit-cifar10-last")   # shipped beside the bundled dictionary
+    card = circuits.node_card(key, shown.asked, f"0:{last.id}")
+    (label, picture), = drawn[-1]["pictures"]
+    assert label == "its picture" and np.array_equal(picture, expected.picture(last.concept)[0])
+    assert not card.draw.visible and "its picture ships with vit-cifar10-last (MACO, 32 steps, seed 0)" in card.words
+    error = circuits.node_card(key, shown.asked, "1:b8/error")
+    assert drawn[-1]["pictures"] is None and not error.draw.visible   # an error node has no concept to draw
+
+
 def test_a_click_on_a_tile_picks_its_node_and_a_click_beside_the_nodes_picks_none(shown_pair):
     key, shown = shown_pair
     c = circuits.readings(key, shown.asked)[1].circuit

@@ -368,6 +368,122 @@ def test_refusals_and_what_does_not_apply_are_said_in_words(tmp_path, monkeypatc
     assert "moves the prediction most, cat" in cnn
 
 
+# ---- what each concept looks like ------------------------------------------------------------------------
+
+def picture_colours(n: int, seed: int) -> np.ndarray:
+    """n flat pictures of 8 px, each its own colour (floats in [0, 1]): a card's tile shows which one it holds."""
+    return np.broadcast_to(np.random.default_rng(seed).uniform(0.1, 0.9, (n, 1, 1, 3)), (n, 8, 8, 3)).astype(np.float32)
+
+
+def ship_pictures(folder: Path, sets: dict[str, np.ndarray]) -> None:
+    """A pictures file beside the dictionary in `folder`, written by `looks.save_pictures` as a shipped one is: per
+    set (a model's name, or 'shared'), each concept's picture and a flat transparency map."""
+    from vitviz.looks import Pictures, save_pictures
+    from vitviz.looks.pictures import jpegs
+
+    made = {}
+    for name, images in sets.items():
+        encoded = jpegs(images, np.full(images.shape[:3], 0.5, np.float32))
+        offsets = torch.tensor(np.concatenate([[0], np.cumsum([len(b) for b in encoded])]), dtype=torch.int64)
+        made[name] = (torch.frombuffer(bytearray(b"".join(encoded)), dtype=torch.uint8), offsets,
+                      torch.zeros(len(images), 4))
+    n = len(next(iter(sets.values())))
+    save_pictures(Pictures(sets=made, n_concepts=n, dictionary_sha256="", seconds=0.0,
+                           settings={"method": "maco", "steps": 32, "copies": 2, "seed": 0, "canvas": None}), folder)
+
+
+def tile_centre(card: np.ndarray, k: int, exemplars: int) -> np.ndarray:
+    """The colour at the centre of the k-th tile of a card's row of pictures (which lies over its exemplar tiles)."""
+    from vitviz.render.concepts import CARD_WIDTH, GAP, PHOTO_HEIGHT, exemplar_layout
+    per_row, side = exemplar_layout(exemplars or 5)
+    x0 = (CARD_WIDTH - (per_row * side + (per_row + 1) * GAP)) // 2
+    y, x = PHOTO_HEIGHT + GAP + side // 3, x0 + GAP + k * (side + GAP) + side // 2   # above the tile's label
+    return card[y, x].astype(int)
+
+
+def test_each_card_shows_the_picture_shipped_beside_its_dictionary_and_an_across_ones_shared_and_each_models(
+        monkeypatch, tmp_path, across):
+    from vitviz.looks import pictures_of
+    own = tmp_path / "vit-own"   # a copy of the ViT's own dictionary, in the folder the across fixture allows
+    own.mkdir()
+    shutil.copy(catalog.BUNDLED_DICTIONARIES["vit-cifar10-last"].path / "concepts.safetensors", own)
+    ship_pictures(own, {"vit-cifar10": picture_colours(768, seed=1)})
+    ship_pictures(Path(across), {"shared": picture_colours(64, 2), "vit-cifar10": picture_colours(64, 3),
+                                 "cvt-cifar10": picture_colours(64, 4)})
+    key = explained()
+    drawn = recording(monkeypatch, "concept_card")
+    shown = concepts.render_concepts(key, str(own), "cvt-cifar10-last")
+    shipped = pictures_of(own)
+    for (_, options), (card, caption) in zip(drawn, shown.concepts_a):
+        (label, picture), = options["pictures"]
+        assert label == "its picture" and np.array_equal(picture, shipped.picture(int(caption))[0])
+        expected = np.round(picture_colours(768, seed=1)[int(caption), 0, 0] * 255)
+        assert np.abs(tile_centre(card, 0, 0) - expected).max() <= 12   # on the card (this copy has no index)
+    bundled = pictures_of("cvt-cifar10-last")   # the bundled CvT's pictures, shipped with it (none: the cards say so)
+    for (_, options), (_, caption) in zip(drawn[len(shown.concepts_a):], shown.concepts_b):
+        expected = [] if bundled is None else [("its picture", bundled.picture(int(caption))[0])]
+        assert [label for label, _ in options["pictures"]] == [label for label, _ in expected]
+        assert all(np.array_equal(mine, theirs) for (_, mine), (_, theirs) in zip(options["pictures"], expected))
+    drawn.clear()
+    shown = concepts.render_concepts(key, across, across)
+    shipped = pictures_of(across)
+    assert shipped.models == PAIR
+    for (_, options), (card, caption) in zip(drawn, shown.concepts_a + shown.concepts_b):
+        c = int(caption)
+        assert [label for label, _ in options["pictures"]] == ["shared", "vit", "cvt"]   # the models' names, short
+        for (_, picture), model in zip(options["pictures"], (None, *PAIR)):
+            assert np.array_equal(picture, shipped.picture(c, model)[0])
+        for k, seed in enumerate((2, 3, 4)):
+            colour = np.round(picture_colours(64, seed)[c, 0, 0] * 255)
+            assert np.abs(tile_centre(card, k, 0) - colour).max() <= 12
+    picked, words, button = concepts.picked_at(0)(key, across, across, gr.SelectData(None, {"index": 0, "value": 0}))
+    assert picked == (0, int(shown.concepts_a[0][1])) and not button.visible
+    assert f"its pictures ship with {across} (MACO, 32 steps, seed 0; the shared one and each model's own)" in words
+
+
+@pytest.fixture
+def quick(monkeypatch):
+    """The cards' drawing settings, cut to a few steps of one crop (the shipped ones, otherwise)."""
+    from vitviz import looks
+    from vitviz.ui import pictures
+    settings = looks.Settings(method=looks.Maco(canvas=1.0, box=(0.8, 1.0)), steps=3, copies=1, seed=0)
+    monkeypatch.setattr(pictures, "settings", lambda: settings)
+    return settings
+
+
+def test_draw_this_concept_draws_what_the_library_draws_once_and_puts_it_on_both_columns_cards(monkeypatch, across,
+                                                                                                quick):
+    from vitviz import looks
+    key = explained()
+    first = concepts.render_concepts(key, across, across)
+    with pytest.raises(gr.Error, match="click a card first"):
+        concepts.draw_picked(key, across, across, None, **QUIET)
+    picked, words, button = concepts.picked_at(1)(key, across, across, gr.SelectData(None, {"index": 0, "value": 0}))
+    concept = picked[1]
+    assert picked == (1, int(first.concepts_b[0][1])) and button.visible
+    assert (f"no picture of it ships with {across}. **Draw this concept** draws one in vit-cifar10 and cvt-cifar10 "
+            f"at once, then in each alone (MACO, 3 steps of 1 crop, seed 0; about ") in words   # said beforehand
+    calls, draw = [], gpu.draw_pictures
+    monkeypatch.setattr(gpu, "draw_pictures", lambda *a, **k: calls.append((a, k)) or draw(*a, **k))
+    drawn, heard = recording(monkeypatch, "concept_card"), []
+    cards_a, cards_b, words, button = concepts.draw_picked(key, across, across, picked,
+                                                           progress=lambda f, desc=None: heard.append(desc))
+    assert len(calls) == 1 and not button.visible and "drawn in" in words
+    assert heard[0].startswith(f"drawing concept {concept} of {across}: about") and heard[-1] == "step 9 of 9"
+    references = [looks.draw(models, looks.Concept(across, concept), settings=quick, device="cpu", bar=False)
+                  for models in (list(PAIR), [PAIR[0]], [PAIR[1]])]
+    cards = [options for (_, options), (_, caption) in zip(drawn, cards_a + cards_b) if caption == str(concept)]
+    assert len(cards) == 2   # the concept's card in both columns
+    for options in cards:
+        assert [label for label, _ in options["pictures"]] == ["shared", "vit", "cvt"]
+        for (_, picture), reference in zip(options["pictures"], references):
+            np.testing.assert_array_equal(picture, reference.images[0])
+    # kept in the session: drawing or picking it again runs no model, and the card keeps its pictures
+    concepts.draw_picked(key, across, across, picked, **QUIET)
+    picked, words, button = concepts.picked_at(1)(key, across, across, gr.SelectData(None, {"index": 0, "value": 0}))
+    assert len(calls) == 1 and not button.visible and "its pictures were drawn here" in words
+
+
 # ---- the launched app ------------------------------------------------------------------------------------
 
 def shipped_or_indexed(tmp: Path) -> list[str]:

@@ -136,7 +136,7 @@ def words(key, asked: Asked, what: str) -> str:
     s = settings()
     where = " and ".join(asked.models) + (" at once, then in each alone" if len(asked.models) > 1 else "")
     return (f"{what}: no picture of it ships with {asked.source}. **Draw this concept** draws one in {where} "
-            f"({method_words(s.method.name)}, {s.steps} steps of {s.copies} crops, seed {s.seed}; "
+            f"({method_words(s.method.name)}, {s.steps} steps of {s.copies} crop{'s' * (s.copies > 1)}, seed {s.seed}; "
             f"{gpu.duration_words(estimate(key, asked))}).")
 
 
