@@ -93,6 +93,7 @@ EXPECTED = {   # line start -> the rest of it; one line each
     # --quick has no bundled dictionaries to time the tab with
     "concepts tab": r": skipped \(needs the bundled pair and its bundled dictionaries; not with --quick\)$",
     "concepts at ImageNet scale": r": skipped \(measures ViT-B/16 at full size; not with --quick\)$",
+    "circuits": r": skipped \(needs the bundled pair and their dictionaries at four depths; not with --quick\)$",
     "looks step": rf", \d+ pictures x \d+ crops of [\w/.-]+ \(maco, \d+ steps a round\): draw {TIMES} a step, traced "
                   rf"forward \+ backward of the crops {TIMES}, {RATIO}$",
     "looks one concept": r": skipped \(needs the bundled pair and its bundled dictionary; not with --quick\)$",
