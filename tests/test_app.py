@@ -69,6 +69,57 @@ def test_a_layer_or_head_the_model_lacks_is_refused_in_words(clicked):
     assert (one_block.minimum, one_block.maximum, one_block.value, one_block.interactive) == (1, 2, 1, False)
 
 
+def test_looks_draws_what_the_library_draws_and_says_what_it_drew(clicked):
+    from vitviz import looks
+    from vitviz.render.looks import alpha_view, curve_plot, picture_view
+    shown = anatomy.looks(["vit-cifar10"], "unit", 4, 17, "", "maco", 4, 0, progress=None)
+    reference = looks.draw("vit-cifar10", looks.Unit(block=3, unit=17), settings=looks.Settings(steps=4),
+                           device="cpu", bar=False)
+    np.testing.assert_array_equal(shown.picture, picture_view(reference.images[0]))
+    np.testing.assert_array_equal(shown.alpha, alpha_view(reference.alpha[0]))
+    np.testing.assert_array_equal(shown.curve, curve_plot({"block 4's MLP unit 17": reference.curve[0]}))
+    assert shown.words.startswith("**vit-cifar10**, block 4's MLP unit 17: MACO, 4 steps of 4 crops, seed 0, drawn in")
+    # a concept of the dictionary across the pair, in both at once: one picture exciting it in both
+    shown = anatomy.looks(list(PAIR), "concept", 1, 5, "across-cifar10", "pixels", 2, 3, progress=None)
+    reference = looks.draw(list(PAIR), looks.Concept("across-cifar10", 5),
+                           settings=looks.Settings(method="pixels", steps=2, seed=3), device="cpu", bar=False)
+    np.testing.assert_array_equal(shown.picture, picture_view(reference.images[0]))
+    assert shown.words.startswith("**vit-cifar10 + cvt-cifar10**, concept 5 of across-cifar10: pixels")
+    # a ResNet has no MLP: its block's channel of that number, said in words
+    shown = anatomy.looks("resnet-cifar10", "unit", 3, 5, "", "maco", 2, 0, progress=None)
+    reference = looks.draw("resnet-cifar10", looks.Channel(block=2, channel=5), settings=looks.Settings(steps=2),
+                           device="cpu", bar=False)
+    np.testing.assert_array_equal(shown.picture, picture_view(reference.images[0]))
+    assert shown.words.startswith("resnet-cifar10's blocks have no MLP, so it has no hidden units: drawn is channel 5 "
+                                  "of block 3's output instead. **resnet-cifar10**, block 3's channel 5")
+    # after an Explain the model box offers the pair and says how long a drawing takes, before it starts
+    box, words = anatomy.after_explain(clicked.key, None, 64)
+    assert box.value == [PAIR[0]] and [c[0] for c in box.choices] == list(PAIR)
+    assert words.startswith("A drawing of vit-cifar10 in 64 steps takes about")
+
+
+@pytest.mark.parametrize("asked, words", [
+    ((["vit-cifar10"], "unit", 4, 5000), r"Block 4 of vit-cifar10 has \d+ units in its MLP \(0 to \d+\): there is no "
+                                         r"unit 5000"),
+    ((["cvt-cifar10"], "channel", 10, 0), "cvt-cifar10 has 9 blocks: choose a block from 1 to 9"),
+    ((["vit-cifar10"], "concept", 1, 5, "cvt-cifar10-last"), "trained on cvt-cifar10 .*not on vit-cifar10"),
+    ((["vit-cifar10"], "concept", 1, 5000, "vit-cifar10-last"), r"768 concepts \(0 to 767\): there is no concept 5000"),
+    ((["vit-cifar10"], "concept", 1, 5, "../../etc"), "a path on the server"),
+    ((["vit-cifar10"], "neuron", 1, 5), "What to draw is unit, channel, concept"),
+    ((["vit-cifar10"], "unit", 1.5, 5), "The block must be a whole number of at least 1"),
+    ((["vit-cifar10"], "unit", 1, 5, "", "maco", 1000), "at most 256 steps"),
+    ((["vit-cifar10"], "unit", 1, 5, "", "lucid"), "There is no method 'lucid'"),
+    (([], "unit", 1, 5), "Name a model to draw in"),
+], ids=["a unit the block lacks", "a block the model lacks", "a dictionary of another model",
+        "a concept the dictionary lacks", "a path on the server", "an unknown kind", "half a block", "too many steps",
+        "an unknown method", "no model"])
+def test_looks_refuses_what_cannot_be_drawn_in_words_before_any_step(asked, words):
+    heard = []
+    with pytest.raises(gr.Error, match=words):
+        anatomy.looks(*asked, progress=lambda fraction, desc=None: heard.append(desc))
+    assert not any(desc.startswith("step") for desc in heard)
+
+
 @pytest.mark.parametrize("orientation", [1, 6], ids=["upright", "stored on its side"])
 def test_a_click_on_a_large_photo_lands_on_the_token_under_it(tmp_path, orientation):
     """A 12 MP JPEG is decoded reduced; clicks come in the pixels of the photo the browser shows."""
@@ -333,7 +384,7 @@ def test_the_api_page_lists_one_endpoint_per_computation_and_each_answers_from_a
                     "/pick_point", "/stats",
                     "/render_lens", "/render_lens_layer", "/render_residual", "/render_cka", "/compute_cka",
                     "/render_decide", "/patch_plan", "/patch", "/render_windows", "/render_biases", "/render_reach",
-                    "/render_reach_layer", "/explain_video", "/concepts", "/circuit"}
+                    "/render_reach_layer", "/explain_video", "/concepts", "/circuit", "/looks"}
     assert set(api) == computations, sorted(set(api) ^ computations)
     result = client.predict(handle_file(str(PHOTO)), *PAIR, api_name="/explain")
     label_a, label_b, map_a, map_b, words = result
@@ -360,6 +411,16 @@ def test_the_api_page_lists_one_endpoint_per_computation_and_each_answers_from_a
     grids = client.predict(api_name="/render_tokens")
     assert len(grids[0]) == 1 and len(grids[1]) == 3 and "effective stride" in grids[3]
 
+
+def test_looks_draws_from_a_real_client_with_no_explain_before_it_and_refuses_in_words(client):
+    api = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
+    assert [p["parameter_name"] for p in api["/looks"]["parameters"]] == [
+        "models", "kind", "block", "number", "dictionary", "method", "steps", "seed"]
+    picture, alpha, curve, words = client.predict(["vit-cifar10"], "unit", 2, 5, "", "maco", 4, 0, api_name="/looks")
+    assert image_size(picture) == image_size(alpha) == (256, 256) and image_size(curve)[0] > 300
+    assert words.startswith("**vit-cifar10**, block 2's MLP unit 5: MACO, 4 steps of 4 crops, seed 0, drawn in")
+    with pytest.raises(Exception, match="vit-cifar10 has 7 blocks: choose a block from 1 to 7"):
+        client.predict(["vit-cifar10"], "unit", 9, 5, "", "maco", 4, 0, api_name="/looks")
 
 def test_the_faithfulness_tab_shows_the_bundled_models_leaderboard_from_a_real_client(client):
     """The bundled models ship `python -m vitviz evaluate`'s summary beside their checkpoints: the tab shows

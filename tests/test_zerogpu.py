@@ -150,6 +150,7 @@ def every_call():
     clip = handle_file(str(ROOT / "assets" / "horse_pan_zoom.mp4"))
     calls += [("/explain_video", (clip, *PAIR, ["rollout", "chefer"], 4))]
     calls += [("/circuit", ("", "", "zero", "atp", False, 0.8))]
+    calls += [("/looks", (["vit-cifar10"], "unit", 2, 5, "", "maco", 4, 0))]
     return calls
 
 

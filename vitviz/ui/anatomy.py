@@ -117,7 +117,7 @@ def after_explain(key, models, steps) -> tuple:
     """A new Explain: the drawing's model box offers the session's models (the left one chosen), and its time."""
     names = session(key).names
     chosen = [m for m in (models or []) if m in names] or names[:1]
-    return gr.Dropdown(choices=names, value=chosen), looks_plan(key, chosen, steps)
+    return gr.Dropdown(choices=names, value=chosen, multiselect=True), looks_plan(key, chosen, steps)
 
 
 @dataclass
