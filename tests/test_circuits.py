@@ -333,3 +333,31 @@ def test_faithfulness_over_a_data_set_averages_each_images_curve(cifar10_test):
     assert curve[0]["faithfulness"] == pytest.approx(0, abs=1e-9) and curve[0]["concept_nodes"] == 0
     assert curve[-1]["faithfulness"] == pytest.approx(1, abs=1e-4)
     assert all(a["concept_nodes"] <= b["concept_nodes"] for a, b in zip(curve, curve[1:]))
+
+
+def test_the_bundled_circuit_sets_with_the_mean_baseline():
+    """Each bundled model's four dictionaries (three depths and the last block) with each read row's held-out mean
+    as the baseline: the faithfulness curve's ends, and integrated gradients' completeness at every site."""
+    from vitviz import catalog
+
+    photo = Image.open(Path(__file__).parent.parent / "assets" / "cat_chelsea.jpg").convert("RGB")
+    for name in ("vit-cifar10", "resnet-cifar10"):
+        loaded = hub.load(name)
+        pixels = loaded.preprocess(photo)
+        with torch.inference_mode():
+            trace = loaded.model.trace(pixels, attention=False)
+        found = load_dictionaries(catalog.CIRCUIT_DICTIONARIES[name])
+        sites = sites_of(loaded, trace, [(s, d) for s, d, _ in found], image_size=(photo.height, photo.width),
+                         folders=[folder for _, _, folder in found])
+        assert all(site.means is not None for site in sites) and len(sites) == 4
+        metric = Metric(int(trace.logits[0].argmax()))
+        graph = circuit(loaded, pixels, sites, metric, baseline="mean", method="ig", steps=32)
+        assert graph.faithfulness["curve"][0]["faithfulness"] == pytest.approx(0, abs=1e-9)
+        assert graph.faithfulness["curve"][-1]["faithfulness"] == pytest.approx(1, abs=1e-3)
+        for s, site in enumerate(graph.sites):
+            keep = [torch.ones(1, sd.dictionary.n_concepts, dtype=torch.bool) for sd in sites]
+            keep[s][:] = False
+            errors = torch.ones(1, len(sites), dtype=torch.bool)
+            errors[0, s] = False
+            at_mean = float(metric(ablated(loaded, pixels, sites, keep, baseline="mean", keep_errors=errors))[0])
+            assert site["concept_effect"] + site["error_effect"] == pytest.approx(graph.value - at_mean, abs=5e-3)

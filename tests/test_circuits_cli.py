@@ -82,3 +82,24 @@ def test_a_missing_photo_is_refused_before_any_model_loads(tmp_path, capsys, mon
     assert run(str(tmp_path / "no-such.jpg"), "--out", str(out)) == 2
     assert "no-such.jpg does not exist" in capsys.readouterr().err and not out.exists()
 
+
+
+@pytest.mark.slow
+def test_the_faithfulness_curve_over_a_data_set_is_written_beside_the_graphs(tmp_path, capsys, cifar10_path):
+    """`--data`: each model's mean curve over the images asked (the library's `data_faithfulness`), in
+    faithfulness-<model>.json, printed; a bad --limit refused first."""
+    from vitviz.circuits import data_faithfulness
+    from vitviz.data import open_data, spread
+
+    out = tmp_path / "out"
+    assert run(str(PHOTO), "--models", "vit-cifar10", "--dictionaries", "vit-cifar10-middle", "vit-cifar10-last",
+               "--data", str(cifar10_path), "--limit", "2", "--out", str(out)) == 0
+    curve = json.loads((out / "faithfulness-vit-cifar10.json").read_text())
+    data = open_data(cifar10_path, split="test")
+    expected = data_faithfulness(vitviz.load("vit-cifar10"), data, indices=spread(len(data), 2),
+                                 dictionaries=["vit-cifar10-middle", "vit-cifar10-last"], progress=False)
+    assert curve == json.loads(json.dumps(expected))
+    assert "vit-cifar10 over 2 images" in capsys.readouterr().out
+    assert run(str(PHOTO), "--models", "vit-cifar10", "--data", str(cifar10_path), "--limit", "0",
+               "--out", str(tmp_path / "none")) == 2
+    assert not (tmp_path / "none").exists()

@@ -11,14 +11,15 @@ import json
 from pathlib import Path
 
 from .. import catalog, hub
-from ..circuits import BASELINES, EDGE_SHARE, IG_STEPS, METHODS, SHARE, photo_circuit
+from ..circuits import BASELINES, EDGE_SHARE, IG_STEPS, METHODS, SHARE, data_faithfulness, photo_circuit
 from ..circuits.pair import places, shared_nodes, sources_for
 from ..concepts import ConceptsError
+from ..data import open_data, spread
 from ..files import png_bytes, safe_name, write_atomic
 from ..image import ImageError, read_image
 from ..render.circuits import circuit_graph
 from ..session import ModelRun
-from .common import UsageError, prepare_out
+from .common import DATA_HELP, UsageError, prepare_out
 
 SHOWN = 5   # the strongest concept nodes printed per model
 
@@ -26,6 +27,11 @@ SHOWN = 5   # the strongest concept nodes printed per model
 def file_names(model: str) -> tuple[str, str]:
     """The graph's JSON and its picture, for one model."""
     return f"circuit-{safe_name(model)}.json", f"circuit-{safe_name(model)}.png"
+
+
+def curve_name(model: str) -> str:
+    """The faithfulness curve over a data set (`--data`), for one model."""
+    return f"faithfulness-{safe_name(model)}.json"
 
 
 def class_index(loaded, name: str | None, what: str) -> int | None:
@@ -70,13 +76,16 @@ def checked(args) -> tuple:
     for model in loaded:   # the same class for every model: each must have it
         class_index(model, args.target, "class")
         class_index(model, args.contrast, "contrast class")
-    return image, loaded, sources
+    if args.limit is not None and args.limit < 1:
+        raise UsageError(f"--limit must be at least 1, not {args.limit}")
+    data = None if args.data is None else open_data(args.data, split=args.split)
+    return image, loaded, sources, data
 
 
 def cmd_circuits(args) -> int:
     """Each model's circuit of the photo (the same class for all: by default the first model's top class), its JSON
     and picture in --out, its size, faithfulness and strongest nodes printed."""
-    image, loaded, sources = checked(args)
+    image, loaded, sources, data = checked(args)
     runs = [ModelRun(model, image) for model in loaded]
     first = next((run for run in runs if run.has_classifier), None)
     target = args.target if args.target is not None or first is None else first.top(1)[0].label
@@ -91,6 +100,17 @@ def cmd_circuits(args) -> int:
             raise UsageError(f"{model.name}: {e}") from None
         graphs.append(circuit.to_json())
         report(circuit, chosen)
+    curves = []
+    for model, chosen in zip(loaded, sources) if data is not None else ():   # each image's own circuit, averaged
+        try:
+            curves.append(data_faithfulness(model, data, dictionaries=chosen, indices=spread(len(data), args.limit),
+                                            baseline=args.baseline, method=args.method, steps=args.steps,
+                                            frozen=args.frozen))
+        except ConceptsError as e:
+            raise UsageError(f"{model.name}: {e}") from None
+        print(f"{model.name} over {curves[-1]['images']} images of {data.name}: faithfulness by share "
+              + ", ".join(f"{p['share']:.1f} {p['faithfulness']:.2f} ({p['concept_nodes']:.0f} concepts)"
+                          for p in curves[-1]["curve"] if p["faithfulness"] is not None))
     shared = shared_nodes(graphs)
     if shared[0]:
         print(f"{len(shared[0])} concept(s) of one dictionary across the models are in every circuit (framed green)")
@@ -101,7 +121,10 @@ def cmd_circuits(args) -> int:
         drawn = circuit_graph(graph, run.canvas, places(run.trace, run.loaded.transform, size, graph), shared=mine)
         write_atomic(out / data, (json.dumps(graph, indent=1) + "\n").encode())
         write_atomic(out / picture, png_bytes(drawn))
-    print(f"wrote {len(graphs) * 2} files to {out}: " + ", ".join(n for run in runs for n in file_names(run.name)))
+    for run, curve in zip(runs, curves):
+        write_atomic(out / curve_name(run.name), (json.dumps(curve, indent=1) + "\n").encode())
+    written = [n for run in runs for n in file_names(run.name)] + [curve_name(run.name) for run in runs[:len(curves)]]
+    print(f"wrote {len(written)} files to {out}: " + ", ".join(written))
     return 0
 
 
@@ -142,6 +165,10 @@ def add_parser(sub) -> None:
     c.add_argument("--steps", type=int, default=IG_STEPS, help="integrated gradients' steps")
     c.add_argument("--frozen", action="store_true", help="hold attention patterns and norm scales fixed")
     c.add_argument("--share", type=float, default=SHARE, help="the share of each block's effect its concepts keep")
+    c.add_argument("--data", default=None, help="also the faithfulness curve over a data set (each image's circuit of "
+                                                "its top class; faithfulness-<model>.json): " + DATA_HELP)
+    c.add_argument("--split", default="test", help="the .npz's split to read (default: test)")
+    c.add_argument("--limit", type=int, default=None, help="at most this many images, spread evenly over the data")
     c.add_argument("--edge-share", type=float, default=EDGE_SHARE,
                    help="an edge is kept at this share of its target's inflow")
     c.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
