@@ -593,3 +593,66 @@ def test_a_person_reads_both_models_concepts_with_their_maps_and_exemplars_and_c
         page.screenshot(path=str(screenshots / "8-concepts-390.png"))
         browser.close()
     assert server.process.poll() is None
+
+
+UNDRAWN = ("vit-cifar10-block5", "vit-cifar10-block3", "vit-cifar10-block1")   # dictionaries no pictures ship with
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("width", [1400, 390], ids=["1400 px wide", "a phone, 390 px wide"])
+def test_a_person_sees_each_concepts_picture_on_its_card_and_draws_one_where_none_ships(served, width):
+    """The right column's dictionary ships its pictures, the left one's none: a click on a left card says so with the
+    time a drawing takes, and Draw this concept draws its picture onto the card, with a progress bar."""
+    if not Path(CHROMIUM).exists():
+        pytest.skip("Debian's chromium is not installed (apt-get install -y chromium)")
+    from playwright.sync_api import sync_playwright
+
+    from tests.test_app import open_tab
+    from vitviz.looks import pictures_of
+    server, sources = served
+    undrawn = next((name for name in UNDRAWN if pictures_of(name) is None), None)
+    if undrawn is None or pictures_of("cvt-cifar10-last") is None:
+        pytest.skip("every bundled ViT dictionary ships its pictures now, or the CvT's none: pick others")
+    screenshots = Path(os.environ.get("VITVIZ_SCREENSHOTS", "/tmp/vitviz-screenshots"))
+    screenshots.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync"])
+        page_ = browser.new_page(viewport={"width": width, "height": 1000 if width > 600 else 844})
+        page_.goto(server.url)
+        page_.locator("#input-image input[type=file]").set_input_files(str(PHOTO))
+        page_.locator("#input-image img").first.wait_for(timeout=30_000)
+        page_.locator("#explain").click()
+        page_.locator("#comparison").get_by_text("rank correlation").first.wait_for(timeout=120_000)
+        open_tab(page_, "Concepts")
+        for box, source in zip(("#concepts-dictionary-a", "#concepts-dictionary-b"), (undrawn, "cvt-cifar10-last")):
+            field = page_.locator(f"{box} input")
+            field.fill(source)
+            field.press("Enter")
+        page_.locator("#concepts-read").click()
+        page_.locator("#concepts-note").get_by_text(f"through {undrawn}").first.wait_for(timeout=120_000)
+        for gallery in ("#concepts-a", "#concepts-b"):
+            page_.locator(f"{gallery} img").first.wait_for(timeout=60_000)
+            for image in page_.locator(f"{gallery} img").all()[:4]:   # a gallery loads its images as they show
+                image.scroll_into_view_if_needed()
+        page_.wait_for_function("() => [...document.querySelectorAll('#concepts-b img')].slice(0, 4)"
+                                ".every(i => i.complete && i.naturalWidth >= 400)", timeout=30_000)
+        assert not page_.locator("#concepts-draw").is_visible()   # nothing picked yet
+        page_.locator("#concepts-b img").first.scroll_into_view_if_needed()   # cards with their shipped pictures
+        page_.screenshot(path=str(screenshots / f"11-concept-pictures-{width}.png"))
+        page_.locator("#concepts-a img").first.click()   # a card of the dictionary without pictures
+        pick = page_.locator("#concepts-pick")
+        pick.get_by_text(f"no picture of it ships with {undrawn}").first.wait_for(timeout=30_000)
+        assert " s)" in pick.inner_text() or " min)" in pick.inner_text()   # how long it takes, said beforehand
+        before = page_.locator("#concepts-a img").first.get_attribute("src")
+        page_.locator("#concepts-draw").click()
+        pick.get_by_text("drawn in").first.wait_for(timeout=600_000)
+        assert not page_.locator("#concepts-draw").is_visible()
+        page_.wait_for_function("before => { const i = document.querySelector('#concepts-a img'); return i && "
+                                "i.src !== before && i.complete && i.naturalWidth >= 400; }", arg=before,
+                                timeout=30_000)   # the cards drawn again, the picture on its card
+        page_.locator("#concepts-a .preview img").first.scroll_into_view_if_needed()   # the card picked, enlarged
+        page_.screenshot(path=str(screenshots / f"11-concept-drawn-{width}.png"))
+        browser.close()
+    assert server.process.poll() is None

@@ -33,7 +33,7 @@ TARGET_KINDS = {"unit": "an MLP's hidden unit", "channel": "a block's channel", 
 # and a traced forward and backward per pixel of each copy at the model's input size. CPU: the bundled ViT's shipped
 # pictures took 1.8 s a step for 128 crops of 32 px on one core (checkpoints/concepts/looks.sh); GPU: ViT-B/16's 4
 # crops at 224 px take 0.017 s a step on an H200 (docs/looks.md), doubled for smaller GPUs.
-STEP_COST = {"cpu": (0.15, 1.4e-5), "cuda": (0.01, 2e-7)}   # (seconds a step, seconds a crop's pixel)
+STEP_COST = {"cpu": (0.1, 1.4e-5), "cuda": (0.01, 2e-7)}   # (seconds a step, seconds a crop's pixel)
 START_S = 10          # a ZeroGPU call's start: each model's probe trace, the dictionary read
 ZERO_GPU_SIDE = 224   # px: the input side a ZeroGPU call's duration assumes (the catalog's models')
 
