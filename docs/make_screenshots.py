@@ -2,6 +2,7 @@
 
     python docs/make_screenshots.py            (writes docs/images/first-screen.png and docs/images/tab-<id>.png)
     python docs/make_screenshots.py circuits   (the Circuits tab's two alone, after an Explain not shot)
+    python docs/make_screenshots.py concepts anatomy   (those tabs' alone: any of circuits, concepts, anatomy)
 
 The real app is launched offline on its bundled CIFAR-10 pair (a ViT and a CvT) and driven by Debian's Chromium
 through Playwright, 1400 px wide, as a person would: the example photo uploaded, Explain pressed, a point on the
@@ -106,10 +107,7 @@ def tabs(page) -> None:
     page.wait_for_function("() => document.querySelectorAll('#features-tabs img').length >= 4", timeout=SLOW)
     shoot_tab(page, "features")
 
-    page.get_by_role("tab", name="Anatomy").click()
-    page.wait_for_function("() => [...document.querySelectorAll('#tabs [role=tabpanel]')].some(p => "
-                           "p.offsetParent && p.querySelectorAll('img').length >= 4)", timeout=SLOW)
-    shoot_tab(page, "anatomy")
+    anatomy(page)
 
     page.get_by_role("tab", name="Compare").click()
     drawn(page, "#lens-curve", "#lens-a", "#lens-b")
@@ -119,11 +117,7 @@ def tabs(page) -> None:
     drawn(page, "#decide-bars-a", "#decide-bars-b", "#decide-heads-a", "#decide-heads-b")
     shoot_tab(page, "decide")
 
-    page.get_by_role("tab", name="Concepts").click()   # opening it reads the bundled pair's own dictionaries
-    page.locator("#concepts-words-a table").first.wait_for(timeout=SLOW)
-    drawn(page, "#concepts-a", "#concepts-b")
-    shoot_tab(page, "concepts")
-
+    concepts(page)
     circuits(page)
 
     page.get_by_role("tab", name="Video").click()
@@ -144,6 +138,36 @@ def tabs(page) -> None:
     page.locator("#download-build").click()
     page.locator("#download-file a").first.wait_for(timeout=SLOW)
     shoot_tab(page, "download")
+
+
+def concepts(page) -> None:
+    """The Concepts tab as it opens: the bundled pair's own dictionaries, each card with its shipped picture."""
+    page.get_by_role("tab", name="Concepts").click()   # opening it reads the bundled pair's own dictionaries
+    page.locator("#concepts-words-a table").first.wait_for(timeout=SLOW)
+    drawn(page, "#concepts-a", "#concepts-b")
+    shoot_tab(page, "concepts")
+
+
+def anatomy(page) -> None:
+    """The Anatomy tab with the ViT's block 4 MLP unit 100 drawn (eyes, in 64 steps of MACO), and its drawing alone:
+    the picture, its transparency map and the objective's curve."""
+    page.get_by_role("tab", name="Anatomy").click()
+    page.wait_for_function("() => [...document.querySelectorAll('#tabs [role=tabpanel]')].some(p => "
+                           "p.offsetParent && p.querySelectorAll('img').length >= 4)", timeout=SLOW)
+    page.locator("#looks-block input").fill("4")
+    page.locator("#looks-number input").fill("100")
+    page.locator("#looks-draw").click()
+    page.locator("#looks-words").get_by_text("drawn in").first.wait_for(timeout=SLOW)
+    drawn(page, "#looks-picture", "#looks-alpha", "#looks-curve")
+    shoot_tab(page, "anatomy")
+    page.locator("#looks-note").scroll_into_view_if_needed()
+    page.wait_for_timeout(500)
+    scrolled = page.evaluate("window.scrollY")   # a clip of the whole page is in its coordinates, not the window's
+    top, bottom = (page.locator(part).bounding_box() for part in ("#looks-note", "#looks-words"))
+    save(page.screenshot(full_page=True, clip={"x": top["x"] - 8, "y": top["y"] + scrolled - 8,
+                                               "width": top["width"] + 16,
+                                               "height": bottom["y"] + bottom["height"] - top["y"] + 16}),
+         "tab-anatomy-looks.png")
 
 
 def circuits(page) -> None:
@@ -177,9 +201,10 @@ if __name__ == "__main__":
                 browser = p.chromium.launch(executable_path=CHROMIUM, args=[
                     "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"])
                 page = browser.new_page(viewport={"width": WIDTH, "height": FIRST_SCREEN_HEIGHT})
-                if sys.argv[1:] == ["circuits"]:
+                if sys.argv[1:]:
                     explained(page, server.url)
-                    circuits(page)
+                    for part in sys.argv[1:]:
+                        {"circuits": circuits, "concepts": concepts, "anatomy": anatomy}[part](page)
                 else:
                     first_screen(page, server.url)
                     tabs(page)

@@ -148,16 +148,17 @@ def layout(page: Page) -> AnatomyTab:
         gr.Markdown(LOOKS_WORDS, elem_id="looks-note")
         with gr.Row(equal_height=False):
             models = gr.Dropdown([page.model_a.value], value=[page.model_a.value], multiselect=True,
-                                 allow_custom_value=True, label="model(s)", min_width=220, elem_id="looks-models")
+                                 allow_custom_value=True, label="model(s)", scale=2, min_width=220,
+                                 elem_id="looks-models")
             kind = gr.Radio([(words, kind) for kind, words in gpu.TARGET_KINDS.items()], value="unit",
-                            label="what to draw", min_width=260, elem_id="looks-kind")
+                            label="what to draw", scale=3, min_width=260, elem_id="looks-kind")
             block = gr.Number(value=1, precision=0, minimum=1, label="block (from 1)", min_width=120,
                               elem_id="looks-block")
             number = gr.Number(value=0, precision=0, minimum=0, label="its number (from 0)", min_width=120,
                                elem_id="looks-number")
         with gr.Row(equal_height=False):
             dictionary = gr.Dropdown(["", *catalog.BUNDLED_DICTIONARIES], value="", allow_custom_value=True,
-                                     label="dictionary (a concept's)", min_width=200, elem_id="looks-dictionary")
+                                     label="dictionary", info="a concept's", min_width=200, elem_id="looks-dictionary")
             method = gr.Radio(list(LOOKS_METHODS), value="maco", label="method", min_width=160, elem_id="looks-method")
             steps = gr.Slider(4, MAX_STEPS, value=64, step=4, label="steps", min_width=200, elem_id="looks-steps")
             seed = gr.Number(value=0, precision=0, minimum=0, label="seed", min_width=100, elem_id="looks-seed")
