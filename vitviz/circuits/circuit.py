@@ -88,10 +88,16 @@ def circuit(loaded, pixels: Tensor, sites: Sequence[Site], metric: Metric, *, ba
                     f"alone; a dictionary of its grid cannot change the answer)."
                     for site, state in zip(sites, states)
                     if float(state.effects.abs().sum()) + abs(state.error_effect) <= floor]
-    result.faithfulness = faithfulness(loaded, pixels, sites, states, metric, value=value, baseline=baseline,
-                                       share=share, most=most, errors=errors, floor=floor)
-    result.patching = patching_check(loaded, pixels, sites, states, estimates, metric, value=value,
-                                     baseline=baseline)
+    # faithfulness and the check against patching: one batched forward for both
+    faithful, nodes = _faithfulness_masks(states, share=share, most=most, floor=floor)
+    patched, strongest = _patching_masks(states, estimates, top=CHECKED)
+    split = faithful[0].shape[0]
+    errors_kept = torch.ones(split + patched[0].shape[0], len(sites), dtype=torch.bool, device=pixels.device)
+    errors_kept[:split] = errors == "kept"
+    m = metric(ablated(loaded, pixels, sites, [torch.cat(pair) for pair in zip(faithful, patched)],
+                       baseline=baseline, keep_errors=errors_kept)).double().cpu()
+    result.faithfulness = _faithfulness_report(m[:split], nodes, value=value, errors=errors, floor=floor)
+    result.patching = _patching_report(m[split:], strongest, sites, estimates, value=value)
     return result
 
 
@@ -152,29 +158,37 @@ def faithfulness(loaded, pixels: Tensor, sites: Sequence[Site], states: Sequence
                  floor: float = 0.0) -> dict:
     """F and completeness of the circuit at `share`, and F over the shares 0, 0.1, ..., 1 (with each point's
     number of concept nodes): one batched forward."""
-    shares = np.linspace(0, 1, CURVE).tolist()
+    keep, nodes = _faithfulness_masks(states, share=share, most=most, floor=floor)
+    m = metric(ablated(loaded, pixels, sites, keep, baseline=baseline, keep_errors=errors == "kept"))
+    return _faithfulness_report(m.double().cpu(), nodes, value=value, errors=errors, floor=floor)
+
+
+def _faithfulness_masks(states: Sequence[SiteState], *, share: float, most: int, floor: float
+                        ) -> tuple[list[Tensor], list[int]]:
+    """Per site the concepts kept (points x n): the curve's CURVE shares (every concept each asks for), the circuit
+    drawn, the circuit removed, none; and each curve point's number of concept nodes."""
     circuits = [[kept_concepts(state.effects, share=s, most=state.effects.numel(), floor=floor) for state in states]
-                for s in shares]   # the curve: every concept the share asks for
-    circuits.append([kept_concepts(state.effects, share=share, most=most, floor=floor)   # the one drawn
-                     for state in states])
-    masks = []
-    for chosen in circuits:
-        masks.append([_mask(state, concepts) for state, concepts in zip(states, chosen)])
+                for s in np.linspace(0, 1, CURVE).tolist()]
+    circuits.append([kept_concepts(state.effects, share=share, most=most, floor=floor) for state in states])
+    masks = [[_mask(state, concepts) for state, concepts in zip(states, chosen)] for chosen in circuits]
     masks.append([~mask for mask in masks[-1]])   # the circuit removed, everything else kept
     masks.append([torch.zeros_like(mask) for mask in masks[-1]])   # every concept at its baseline
-    keep = [torch.stack([point[s] for point in masks]) for s in range(len(sites))]
-    m = metric(ablated(loaded, pixels, sites, keep, baseline=baseline, keep_errors=errors == "kept")).double().cpu()
+    keep = [torch.stack([point[s] for point in masks]) for s in range(len(states))]
+    return keep, [sum(len(c) for c in chosen) for chosen in circuits[:CURVE]]
+
+
+def _faithfulness_report(m: Tensor, nodes: list[int], *, value: float, errors: str, floor: float) -> dict:
+    """The report from the metric of `_faithfulness_masks`' rows."""
     empty = float(m[-1])
     span = value - empty
 
     def ratio(x: float) -> float | None:
         return None if abs(span) <= max(floor, 1e-9) else (x - empty) / span   # nothing to hold
 
-    nodes = [sum(len(c) for c in chosen) for chosen in circuits]
     return {"value": ratio(float(m[CURVE])), "completeness": ratio(float(m[CURVE + 1])), "full": value,
             "empty": empty, "circuit": float(m[CURVE]), "without_circuit": float(m[CURVE + 1]),
             "curve": [{"share": round(s, 2), "concept_nodes": n, "faithfulness": ratio(float(x))}
-                      for s, n, x in zip(shares, nodes, m[:CURVE].tolist())],
+                      for s, n, x in zip(np.linspace(0, 1, CURVE).tolist(), nodes, m[:CURVE].tolist())],
             "errors": errors}
 
 
@@ -189,18 +203,31 @@ def patching_check(loaded, pixels: Tensor, sites: Sequence[Site], states: Sequen
                    top: int = CHECKED) -> dict:
     """Attribution patching's estimate against the real effect of taking each of the `top` strongest concept nodes
     (by the estimate) alone to its baseline, errors kept: one batched forward."""
+    keep, strongest = _patching_masks(states, estimates, top=top)
+    m = metric(ablated(loaded, pixels, sites, keep, baseline=baseline)) if strongest else None
+    return _patching_report(m, strongest, sites, estimates, value=value)
+
+
+def _patching_masks(states: Sequence[SiteState], estimates: Sequence[Tensor], *, top: int
+                    ) -> tuple[list[Tensor], list[tuple[float, int, int]]]:
+    """Per site the concepts kept (top x n): every one but the row's node; the nodes, strongest estimate first."""
     strongest = sorted(((float(e[c].abs()), s, int(c)) for s, e in enumerate(estimates)
                         for c in torch.nonzero(e).flatten().tolist()), reverse=True)[:top]
-    if not strongest:
-        return {"nodes": [], "attribution": [], "patched": [], "rank_correlation": None}
     keep = [torch.ones(len(strongest), state.codes.shape[-1], dtype=torch.bool, device=state.codes.device)
             for state in states]
     for row, (_, s, c) in enumerate(strongest):
         keep[s][row, c] = False
-    patched = value - metric(ablated(loaded, pixels, sites, keep, baseline=baseline)).double().cpu()
+    return keep, strongest
+
+
+def _patching_report(m: Tensor | None, strongest: list, sites: Sequence[Site], estimates: Sequence[Tensor], *,
+                     value: float) -> dict:
+    if not strongest:
+        return {"nodes": [], "attribution": [], "patched": [], "rank_correlation": None}
+    patched = (value - m.double().cpu()).tolist()
     attributed = [float(estimates[s][c]) for _, s, c in strongest]
     return {"nodes": [node_id(sites[s].block, c) for _, s, c in strongest], "attribution": attributed,
-            "patched": patched.tolist(), "rank_correlation": rank_correlation(attributed, patched.tolist())}
+            "patched": patched, "rank_correlation": rank_correlation(attributed, patched)}
 
 
 def rank_correlation(a: Sequence[float], b: Sequence[float]) -> float | None:

@@ -94,7 +94,7 @@ def gradients(frozen: bool) -> Iterator[None]:
 @dataclass
 class SiteState:
     """One site on the photo: its rows, codes and error (1 rows ·), the gradient of m at its rows and codes, the
-    baseline, and each node's effect (per row and summed)."""
+    baseline, and each node's effect per row (`set_effects`) and summed over its rows."""
     rows: Tensor
     codes: Tensor
     error: Tensor
@@ -104,15 +104,12 @@ class SiteState:
     error_baseline: Tensor
     concept_effects: Tensor | None = None   # rows n: each concept's effect at each row
     error_effects: Tensor | None = None     # rows: the error's
+    effects: Tensor | None = None           # n: each concept node's effect (summed over its rows)
+    error_effect: float = 0.0               # the error node's
 
-    @property
-    def effects(self) -> Tensor:
-        """n: each concept node's effect (summed over its rows)."""
-        return self.concept_effects.sum(0)
-
-    @property
-    def error_effect(self) -> float:
-        return float(self.error_effects.sum())
+    def set_effects(self, concept_effects: Tensor, error_effects: Tensor) -> None:
+        self.concept_effects, self.error_effects = concept_effects, error_effects
+        self.effects, self.error_effect = concept_effects.sum(0), float(error_effects.sum())
 
 
 def splice(site: Site, tokens: Tensor, codes: Tensor, error: Tensor, rows: Tensor) -> Tensor:
@@ -154,16 +151,16 @@ def attribution(loaded, pixels: Tensor, sites: Sequence[Site], metric: Metric, *
     for site, tokens, grad in zip(sites, outputs, grads):
         with torch.no_grad():
             rows, codes, error = (t.detach() for t in read(site, tokens.detach()))
-            row_gradient = torch.einsum('nr,bnd->brd', site.write.to(grad), grad)
+            row_gradient = site.row_gradient(grad)
         leaf = codes.clone().requires_grad_(True)
         with torch.enable_grad():
             (code_gradient,) = torch.autograd.grad(site.dictionary.decode(leaf, rows), leaf, row_gradient)
         codes_baseline, error_baseline = site.baseline(baseline, codes, error)
-        states.append(SiteState(
-            rows=rows, codes=codes, error=error, row_gradient=row_gradient, code_gradient=code_gradient,
-            codes_baseline=codes_baseline, error_baseline=error_baseline,
-            concept_effects=(code_gradient * (codes - codes_baseline))[0],
-            error_effects=(row_gradient * (error - error_baseline)).sum(-1)[0]))
+        state = SiteState(rows=rows, codes=codes, error=error, row_gradient=row_gradient,
+                          code_gradient=code_gradient, codes_baseline=codes_baseline, error_baseline=error_baseline)
+        state.set_effects((code_gradient * (codes - codes_baseline))[0],
+                          (row_gradient * (error - error_baseline)).sum(-1)[0])
+        states.append(state)
     return float(m.detach()[0]), states
 
 
@@ -190,8 +187,8 @@ def integrated_gradients(loaded, pixels: Tensor, sites: Sequence[Site], states: 
         with gradients(frozen):
             m = metric(traced(loaded, pixels[:1], move, grad=True).logits)
             code_grads, error_grads = torch.autograd.grad(m.sum(), [codes, error])
-        state.concept_effects = (code_grads.mean(0) * (state.codes - state.codes_baseline)[0]).detach()
-        state.error_effects = (error_grads.mean(0) * (state.error - state.error_baseline)[0]).sum(-1).detach()
+        state.set_effects((code_grads.mean(0) * (state.codes - state.codes_baseline)[0]).detach(),
+                          (error_grads.mean(0) * (state.error - state.error_baseline)[0]).sum(-1).detach())
 
 
 class _Reached(Exception):
@@ -209,6 +206,8 @@ def edges_between(loaded, pixels: Tensor, upstream: tuple[Site, SiteState], down
     copy of it a target from there to the downstream site (where it stops), and one backward."""
     (up, up_state), (down, down_state) = upstream, downstream
     k = len(targets)
+    if None in targets[:-1]:
+        raise ValueError("the error node, where it is a target, is the last one")
     codes = up_state.codes.expand(k, *up_state.codes.shape[1:]).clone().requires_grad_(True)
     error = up_state.error.expand(k, *up_state.error.shape[1:]).clone().requires_grad_(True)
     concept = torch.tensor([c if c is not None else 0 for c in targets], device=codes.device)
@@ -220,11 +219,14 @@ def edges_between(loaded, pixels: Tensor, upstream: tuple[Site, SiteState], down
                 tokens = tokens.detach().expand(k, *tokens.shape[1:])
                 return splice(up, tokens, codes, error, up.rows(tokens))
             if index == down.block:
-                _, down_codes, down_error = read(down, tokens)
+                rows = down.rows(tokens)
+                down_codes = down.dictionary.encode(rows)
                 picked = torch.gather(down_codes * down_state.code_gradient, 2,
                                       concept[:, None, None].expand(k, down_codes.shape[1], 1))[..., 0].sum(1)
-                errors = (down_error * down_state.row_gradient).sum((1, 2))
-                raise _Reached(torch.where(is_error, errors, picked))
+                # the error node's score from its own copy alone (the last): one decode, not one a copy
+                missed = rows[-1:] - down.dictionary.decode(down_codes[-1:], rows[-1:])
+                scored = (missed * down_state.row_gradient).sum()
+                raise _Reached(torch.where(is_error, scored, picked))
         return tokens
 
     with gradients(frozen):

@@ -48,6 +48,7 @@ class Site:
     source: str
     across: bool = False
     means: Means | None = None   # each row's mean code and error over a data set: the "mean" baseline
+    selected: Tensor | None = None   # the tokens the rows are, where R is a selection (read and written by index)
 
     @property
     def label(self) -> str:
@@ -55,11 +56,21 @@ class Site:
 
     def rows(self, tokens: Tensor) -> Tensor:
         """b N d block tokens -> b rows d, what the dictionary reads."""
+        if self.selected is not None:
+            return tokens[:, self.selected]
         return torch.einsum('rn,bnd->brd', self.read.to(tokens), tokens)
 
     def put(self, tokens: Tensor, change: Tensor) -> Tensor:
         """b N d tokens with a b rows d change of the rows written back."""
+        if self.selected is not None:
+            return tokens.index_add(1, self.selected, change.to(tokens))
         return tokens + torch.einsum('nr,brd->bnd', self.write.to(change), change)
+
+    def row_gradient(self, grad: Tensor) -> Tensor:
+        """b N d gradient at the block's tokens -> b rows d at the rows: Wᵀ g (X' = X + W Δrows)."""
+        if self.selected is not None:
+            return grad[:, self.selected]
+        return torch.einsum('nr,bnd->brd', self.write.to(grad), grad)
 
     def baseline(self, kind: str, like_codes: Tensor, like_error: Tensor) -> tuple[Tensor, Tensor]:
         """(codes, error) a node is set to when it is taken out: zeros, or each row's mean over a data set."""
@@ -118,13 +129,13 @@ def sites_of(loaded, trace: Trace, dictionaries: Sequence[tuple[str, object]], *
                                          image_size=image_size)
             read = torch.zeros(weights.shape[0], n, dtype=torch.float32)
             read[:, out.prefix:] = weights.float()
-            write, class_token = torch.linalg.pinv(read.double()).float(), False
+            write, class_token, selected = torch.linalg.pinv(read.double()).float(), False, None
         else:
             tokens = part.origin.tokens or default_tokens(out)
             rows = token_rows(out, tokens).cpu()
             read = torch.zeros(len(rows), n, dtype=torch.float32)
             read[torch.arange(len(rows)), rows] = 1.0
-            write, class_token, grid = read.T.clone(), "cls" in tokens, out.query_grid
+            write, class_token, grid, selected = read.T.clone(), "cls" in tokens, out.query_grid, rows
         folder = folders[position] if folders else None
         means = None
         if folder is not None:
@@ -132,7 +143,8 @@ def sites_of(loaded, trace: Trace, dictionaries: Sequence[tuple[str, object]], *
             means = load_means(path, part) if path.exists() else None
         part.to(loaded.device)
         sites.append(Site(block=index, dictionary=part, read=read.to(loaded.device), write=write.to(loaded.device),
-                          grid=tuple(grid), class_token=class_token, source=str(source), across=across, means=means))
+                          grid=tuple(grid), class_token=class_token, source=str(source), across=across, means=means,
+                          selected=None if selected is None else selected.to(loaded.device)))
     blocks = [site.block for site in sites]
     if any(later <= earlier for earlier, later in zip(blocks, blocks[1:])):
         raise ConceptsError(f"A circuit's dictionaries go from the first block to the last, each at its own block; "
