@@ -60,10 +60,8 @@ def render_biases(key, layer_a, layer_b) -> tuple:
 
 
 def model_names(models) -> list[str]:
-    """The model box's value (a list; through the API also a comma-separated string) -> the names, or a gr.Error."""
+    """The model box's value (a list; through the API also a comma-separated string) -> the names, each once."""
     names = [m.strip() for m in (models.split(",") if isinstance(models, str) else models or []) if m and m.strip()]
-    if not names:
-        raise gr.Error("Name a model to draw in (several: one picture exciting the target in all of them).")
     return list(dict.fromkeys(names))
 
 
@@ -106,7 +104,7 @@ def looks_plan(key, models, steps) -> str:
         return ""
     kept = session(key)
     sizes = {name: run.loaded.transform.crop for name, run in zip(kept.names, kept.runs)}
-    names = [m.strip() for m in (models or []) if m and m.strip()]
+    names = model_names(models)
     if not names or any(name not in sizes for name in names):
         return ""
     seconds = gpu.drawing_seconds([[sizes[m] for m in names]], Settings(steps=int(steps or 1)))

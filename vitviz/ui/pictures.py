@@ -12,6 +12,7 @@ where both columns read the dictionary).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -46,19 +47,9 @@ class Asked:
 def short_names(models) -> list[str]:
     """Model names without the ending they all share ('vit-cifar10', 'cvt-cifar10' -> 'vit', 'cvt'), for labels."""
     models = list(models)
-    if len(models) < 2:
-        return models
-    reversed_common = []
-    for letters in zip(*(m[::-1] for m in models)):
-        if len(set(letters)) > 1:
-            break
-        reversed_common.append(letters[0])
-    ending = "".join(reversed(reversed_common))
-    cut = ending.find("-")   # at a word's start: 'cifar10', not 'ifar10'
-    if cut < 0:
-        return models
-    ending = ending[cut:]
-    return [m[:-len(ending)] for m in models] if all(len(m) > len(ending) for m in models) else models
+    ending = os.path.commonprefix([m[::-1] for m in models])[::-1] if len(models) > 1 else ""
+    ending = ending[ending.find("-"):] if "-" in ending else ""   # from a word's start: '-cifar10', not 'ifar10'
+    return [m[:-len(ending)] for m in models] if ending and all(len(m) > len(ending) for m in models) else models
 
 
 @lru_cache(maxsize=64)

@@ -134,12 +134,14 @@ def draw_pictures(plan: list[list[str]], kind: str, number: int, *, block: int |
     it should take, then every step. Whatever cannot be drawn is a gr.Error in words."""
     from ...looks import draw
 
+    if not plan or not all(plan):
+        raise gr.Error("Name a model to draw in (several: one picture exciting the target in all of them).")
     names = list(dict.fromkeys(m for models in plan for m in models))
     loaded = dict(zip(names, models_of(names)))
     target, words, note = target_of(list(loaded.values()), kind, number, block, dictionary)
     total = settings.steps * len(plan)
     estimate = drawing_seconds([[loaded[m].transform.crop for m in models] for models in plan], settings,
-                       next(iter(loaded.values())).device)
+                               loaded[names[0]].device)
     if progress is not None:
         progress(0.0, desc=f"drawing {words}: {duration_words(estimate)}")
     pictures, first_done = [], []   # when the first step ended: the pace is measured from there
