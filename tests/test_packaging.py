@@ -128,7 +128,12 @@ def test_the_wheel_holds_every_module_the_bundled_models_and_vitviz_version(whee
         metadata = archive.read(f"vitviz-{vitviz.__version__}.dist-info/METADATA").decode()
     modules = {str(p.relative_to(ROOT)) for p in (ROOT / "vitviz").rglob("*.py")}
     assert modules <= names, sorted(modules - names)
-    assert {"vitviz/render/colormaps.npz", "vitviz/concepts/analysis/words.txt"} <= names
+    assert {"vitviz/render/colormaps.npz", "vitviz/concepts/analysis/words.txt", "vitviz/looks/natural.safetensors"} \
+        <= names
+    for dictionary in catalog.BUNDLED_DICTIONARIES.values():   # the depth dictionaries sit a folder deeper
+        shipped = {str(p.relative_to(ROOT / "checkpoints")) for p in dictionary.path.iterdir()
+                   if p.suffix in (".safetensors", ".json")}
+        assert {f"vitviz/checkpoints/{name}" for name in shipped} <= names, dictionary.name
     for entry in catalog.bundled():
         assert {f"vitviz/checkpoints/{entry.source}/config.json",
                 f"vitviz/checkpoints/{entry.source}/model.safetensors"} <= names, entry.name
