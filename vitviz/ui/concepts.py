@@ -176,8 +176,8 @@ def card_photo(run: ModelRun, column: gpu.ConceptReading) -> np.ndarray:
 def card(run: ModelRun, column: gpu.ConceptReading, k: int, base: np.ndarray | None = None,
          shown: list | None = None) -> np.ndarray:
     """The card of a column's k-th shown concept: its map over the photo (`base`, `card_photo`'s, made here if not
-    given), its pictures beside it (`shown`: `pictures.card_pictures`' pairs; None as []: none yet), its top images
-    under them."""
+    given), under it its pictures (`shown`: `pictures.card_pictures`' pairs; None as []: none yet), then its top
+    images."""
     base = card_photo(run, column) if base is None else base
     values = column.maps[k]
     photo = cell_overlay(base, values, column.region, vmax=float(values.max()))
