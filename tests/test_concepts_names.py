@@ -123,11 +123,13 @@ def test_an_index_without_classes_or_no_index_calls_each_concept_by_its_number()
 
 
 def bundled_indexes() -> list[Path]:
-    return sorted((ROOT / "checkpoints" / "concepts").glob("*/exemplars*.safetensors"))
+    return sorted((ROOT / "checkpoints" / "concepts").glob("**/exemplars*.safetensors"))
 
 
 def test_every_bundled_concept_is_named_from_its_index_alone_its_shares_those_of_its_exemplars_labels():
-    assert len(bundled_indexes()) == 9
+    from vitviz import catalog
+
+    assert len(bundled_indexes()) == sum(len(d.models) for d in catalog.BUNDLED_DICTIONARIES.values())   # one a model
     for file in bundled_indexes():
         exemplars = load_exemplars(file)
         names = concept_names(exemplars)
