@@ -278,8 +278,9 @@ def test_a_person_opens_the_circuits_tab_sees_both_graphs_and_their_faithfulness
         page_.locator("#circuits-note").get_by_text("F = ").first.wait_for(timeout=300_000)
         for panel in ("#circuits-graph-a", "#circuits-graph-b", "#circuits-curves"):
             image = page_.locator(f"{panel} img").first
-            image.wait_for(timeout=60_000)
+            image.wait_for(state="attached", timeout=60_000)   # below a phone's fold a lazy image has no size yet
             image.scroll_into_view_if_needed()
+            image.wait_for(timeout=60_000)
         page_.wait_for_function("() => ['#circuits-graph-a', '#circuits-graph-b', '#circuits-curves'].every(s => {"
                                 "const i = document.querySelector(s + ' img'); return i && i.complete && "
                                 "i.naturalWidth > 300; })", timeout=30_000)
