@@ -10,16 +10,13 @@ from einops import rearrange
 from PIL import Image
 from torch import nn
 
-from tiny_models import FAMILIES, tiny
+from tiny_models import FAMILIES, tiny, tiny_sites
 from vitviz import hub
 from vitviz.circuits import Metric, circuit, kept_concepts, load_dictionaries, photo_circuit, rank_correlation, sites_of
 from vitviz.circuits.effects import ablated, attribution, edges_between, integrated_gradients, splice
 from vitviz.circuits.sites import Site
 from vitviz.concepts import ConceptsError
-from vitviz.concepts.activations.cache import block_tokens
-from vitviz.concepts.kinds.dictionary import Origin
 from vitviz.concepts.kinds.standard import Standard
-from vitviz.concepts.kinds.topk import TopK
 from vitviz.models.trace import edited
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -86,8 +83,8 @@ def test_node_and_edge_effects_equal_their_closed_forms_on_a_linear_network(toy)
     # ∂m/∂x2_t = h / N, ∂m/∂x1_t = A1 h / N
     torch.testing.assert_close(states[1].effects, (z2 * (W2 @ h)).sum(0) / n, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(states[0].effects, (z1 * (W1 @ A1 @ h)).sum(0) / n, rtol=1e-5, atol=1e-6)
-    assert states[1].error_effect == pytest.approx(float((e2 @ h).sum() / n), rel=1e-5, abs=1e-6)
-    assert states[0].error_effect == pytest.approx(float((e1 @ A1 @ h).sum() / n), rel=1e-5, abs=1e-6)
+    assert float(states[1].error_effect) == pytest.approx(float((e2 @ h).sum() / n), rel=1e-5, abs=1e-6)
+    assert float(states[0].error_effect) == pytest.approx(float((e1 @ A1 @ h).sum() / n), rel=1e-5, abs=1e-6)
 
     # edges: ∇_d m = W2[d]·h / N per token, d's encoder active where its pre-activation is positive
     targets = [*range(10), None]
@@ -189,7 +186,7 @@ def test_integrated_gradients_add_up_to_each_sites_whole_effect(vit_setup):
         errors = torch.ones(1, len(sites), dtype=torch.bool)
         errors[0, s] = False
         at_baseline = float(metric(ablated(loaded, pixels, sites, keep, baseline="zero", keep_errors=errors))[0])
-        total = float(state.effects.sum()) + state.error_effect
+        total = float(state.effects.sum() + state.error_effect)
         assert total == pytest.approx(value - at_baseline, abs=1e-3), s
 
 
@@ -229,37 +226,10 @@ def test_the_graph_is_plain_data_with_every_part_the_issue_names(vit_setup):
 
 # ---- every family ----------------------------------------------------------------------------------------------
 
-def random_topk(activations: torch.Tensor, *, model: str, block: int, tokens: str, seed: int) -> TopK:
-    """Random directions over the normalisation of `activations` (t d), as training fits it: its zero code decodes
-    to their mean, not to the zero vector (which a LayerNorm after the block could not tell apart from any small
-    one: a path from it would be all jump)."""
-    d = activations.shape[-1]
-    g = torch.Generator().manual_seed(seed)
-    dictionary = TopK(d, 4 * d, k=4, origin=Origin(model=model, block=block, tokens=tokens))
-    dictionary.normalisation.fit(activations)
-    with torch.no_grad():
-        dictionary.W_enc.copy_(torch.randn(d, 4 * d, generator=g) / d ** 0.5)
-        dictionary.W_dec.copy_(torch.nn.functional.normalize(torch.randn(4 * d, d, generator=g), dim=1))
-    return dictionary
-
-
 @pytest.mark.parametrize("family", FAMILIES)
 def test_every_family_has_a_circuit(family):
     model = tiny(family)
-    loaded = SimpleNamespace(model=model, name=f"tiny-{family}", labels=[str(i) for i in range(5)],
-                             device=torch.device("cpu"), source=SimpleNamespace(location="tiny"))
-    pixels = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0))
-    trace = model.trace(pixels, attention=False)
-    depth = len(trace.blocks)
-    chosen = [1, depth - 1]
-    dictionaries = []
-    for i, block in enumerate(chosen):
-        out = trace.blocks[block]
-        tokens = "position" if not out.attends else ("patch+cls" if "cls" in out.prefix_kinds else "patch")
-        activations = block_tokens(trace, block, tokens).detach().flatten(0, 1)
-        dictionaries.append((f"{family}-{block}", random_topk(activations, model=loaded.name, block=block,
-                                                            tokens=tokens, seed=i)))
-    sites = sites_of(loaded, trace, dictionaries)
+    loaded, pixels, sites = tiny_sites(model, blocks=[1, -1])
     graph = circuit(loaded, pixels, sites, Metric(2), method="ig", steps=64)
     curve = graph.faithfulness["curve"]
     assert curve[0]["faithfulness"] == pytest.approx(0, abs=1e-9)

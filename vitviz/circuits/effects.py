@@ -105,11 +105,11 @@ class SiteState:
     concept_effects: Tensor | None = None   # rows n: each concept's effect at each row
     error_effects: Tensor | None = None     # rows: the error's
     effects: Tensor | None = None           # n: each concept node's effect (summed over its rows)
-    error_effect: float = 0.0               # the error node's
+    error_effect: Tensor | None = None      # the error node's (0-d: on the device, read with the rest)
 
     def set_effects(self, concept_effects: Tensor, error_effects: Tensor) -> None:
         self.concept_effects, self.error_effects = concept_effects, error_effects
-        self.effects, self.error_effect = concept_effects.sum(0), float(error_effects.sum())
+        self.effects, self.error_effect = concept_effects.sum(0), error_effects.sum()
 
 
 def splice(site: Site, tokens: Tensor, codes: Tensor, error: Tensor, rows: Tensor) -> Tensor:

@@ -16,10 +16,10 @@ faithfulness and the check against activation patching, and the graph's size.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
-import torch
-from torch import Tensor
+import numpy as np
 
 SHARE = 0.8         # of each site's total absolute concept effect
 EDGE_SHARE = 0.05   # of each node's absolute inflow
@@ -27,19 +27,20 @@ MOST = 12           # concepts a site shows at most: a column a person can read
 DIGITS = 5          # significant digits kept in the JSON
 
 
-def kept_concepts(effects: Tensor, *, share: float = SHARE, most: int = MOST, floor: float = 0.0) -> list[int]:
+def kept_concepts(effects: np.ndarray | Sequence[float], *, share: float = SHARE, most: int = MOST,
+                  floor: float = 0.0) -> list[int]:
     """The fewest concepts, largest |effect| first, holding `share` of the total |effect| (at most `most`; none
-    whose |effect| is `floor` or less: rounding's size, nothing a concept does)."""
+    whose |effect| is `floor` or less: rounding's size, nothing a concept does). `effects` are on the host."""
     if not 0 <= share <= 1:
         raise ValueError(f"share must be from 0 to 1, not {share}")
-    size = effects.abs().double().cpu()
+    size = np.abs(np.asarray(effects, dtype=np.float64))
     size[size <= floor] = 0
-    total = float(size.sum())
+    total = size.sum()
     if share == 0 or total == 0:
         return []
-    order = torch.argsort(size, descending=True, stable=True)
-    held = torch.cumsum(size[order], 0) / total
-    count = int(torch.searchsorted(held, torch.tensor(share - 1e-6, dtype=held.dtype))) + 1   # rounding: not one more
+    order = np.argsort(-size, kind="stable")   # largest first, ties in concept order
+    held = np.cumsum(size[order]) / total
+    count = int(np.searchsorted(held, share - 1e-6)) + 1   # rounding: not one more
     return [int(c) for c in order[:min(count, most)] if size[c] > 0]
 
 
