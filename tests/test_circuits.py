@@ -285,10 +285,10 @@ def test_bad_input_is_refused_in_words(vit_setup):
     with torch.inference_mode():
         trace = loaded.model.trace(pixels, attention=False)
     (_, across, _), = load_dictionaries(["across-cifar10"])
-    with pytest.raises(ConceptsError, match="its concepts mean nothing at block 5"):
+    with pytest.raises(ConceptsError, match=r"its concepts mean nothing at block 6 \(index 5\)"):
         sites_of(loaded, trace, [("across-cifar10", across)], image_size=(32, 32), blocks=[5])
     (_, middle, _), = load_dictionaries(["vit-cifar10-middle"])
-    with pytest.raises(ConceptsError, match="not on block 5"):
+    with pytest.raises(ConceptsError, match=r"not on block 6 \(index 5\)"):
         sites_of(loaded, trace, [("vit-cifar10-middle", middle)], blocks=[5])
 
 

@@ -56,7 +56,7 @@ def test_by_default_a_dictionary_across_exactly_the_models_asked_for_takes_the_p
         own = [s for s in catalog.CIRCUIT_DICTIONARIES[model.name] if s in default_sources([model.name])]
         assert sources == [*own[:-1], "across-cifar10"], model.name   # in place of the last block's own
     assert "across-cifar10" not in default_sources(list(PAIR))       # it is across four models, not this pair
-    with pytest.raises(ConceptsError, match="both read block 6 of vit-cifar10"):
+    with pytest.raises(ConceptsError, match=r"both read block 7 \(index 6\) of vit-cifar10"):
         sources_for(models[:2], ["across-cifar10", "vit-cifar10-last", "cvt-cifar10-last"])
     with pytest.raises(ConceptsError, match="vitviz has no default dictionaries for vit-base: name them"):
         default_sources(["vit-cifar10", "vit-base"])

@@ -438,7 +438,8 @@ def test_a_file_from_a_newer_vitviz_is_refused_in_words(tmp_path):
 
 def test_activations_of_another_width_are_refused_naming_what_it_was_trained_on():
     dictionary = random_dictionary(TopK, k=3)
-    with pytest.raises(ConceptsError, match=r"trained on 16-wide activations \(vit-cifar10@main block 6, patch "
+    with pytest.raises(ConceptsError, match=r"trained on 16-wide activations \(vit-cifar10@main block 7 "
+                                            r"\(index 6\), patch "
                                             r"tokens\); these are 8 wide"):
         dictionary.encode(torch.zeros(4, 8))
     with pytest.raises(ConceptsError, match="trained on 16-wide"):

@@ -404,7 +404,7 @@ def test_damaged_or_inconsistent_folders_are_refused_in_words(tmp_path):
     second.write_bytes(data)
     write_manifest(folder, models=[manifest["models"][0], {**manifest["models"][1], "model": "dinov2"}])
     with pytest.raises(ConceptsError, match="says 1-facebook--dinov2-base.safetensors is the dictionary of dinov2, "
-                                            "and the file says it is facebook/dinov2-base block 11"):
+                                            r"and the file says it is facebook/dinov2-base block 12 \(index 11\)"):
         read(folder)
     outside = {**manifest["models"][1], "file": "../elsewhere.safetensors"}
     write_manifest(folder, models=[manifest["models"][0], outside])

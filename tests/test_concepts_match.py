@@ -173,5 +173,6 @@ def test_a_class_token_dictionary_or_one_of_another_model_is_refused_in_words(da
     with pytest.raises(ConceptsError, match=r"reads the class token alone, which has no place on the photo"):
         match(Side(vit, patch, block=6), Side(vit, cls), data, indices=range(2), progress=False)
     other = random_dictionary(192, 16, k=2, seed=8, origin=Origin(model="cvt-cifar10", block=8, tokens="patch"))
-    with pytest.raises(ConceptsError, match=r"trained on cvt-cifar10 block 8, patch tokens, not on vit-cifar10"):
+    with pytest.raises(ConceptsError, match=r"trained on cvt-cifar10 block 9 \(index 8\), patch tokens, "
+                                                r"not on vit-cifar10"):
         match(Side(vit, patch, block=6), Side(vit, other, block=6), data, indices=range(2), progress=False)

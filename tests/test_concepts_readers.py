@@ -98,11 +98,12 @@ def test_codes_of_a_per_token_normalised_dictionary_decode_only_beside_their_tok
 def test_a_saelens_dictionary_is_refused_on_another_model_or_block_naming_what_it_was_trained_on():
     dictionary = concepts.load(SAELENS / "topk")
     dictionary.check_applies(model="clip-b16", block=3, width=16, names=(catalog.CATALOG["clip-b16"].source,))
-    with pytest.raises(ConceptsError, match=r"trained on clip-b16 block 3, not on vit-base: pick clip-b16"):
+    with pytest.raises(ConceptsError, match=r"trained on clip-b16 block 4 \(index 3\), not on vit-base: pick clip-b16"):
         dictionary.check_applies(model="vit-base", block=3, width=16)
-    with pytest.raises(ConceptsError, match="not on block 4: read block 3 to use it"):
+    with pytest.raises(ConceptsError, match=r"not on block 5 \(index 4\): read block 4 \(index 3\) to use it"):
         dictionary.check_applies(model="clip-b16", block=4, width=16)
-    with pytest.raises(ConceptsError, match="trained on 16-wide activations .clip-b16 block 3.; these are 768 wide"):
+    with pytest.raises(ConceptsError, match="trained on 16-wide activations .clip-b16 block 4 .index 3..; "
+                                            "these are 768 wide"):
         dictionary.check_applies(model="clip-b16", block=3, width=768)
 
 
@@ -432,7 +433,9 @@ def test_catalog_dictionaries_load_bound_to_their_model_block_and_tokens(hub, tm
         assert dictionary.normalisation.per_token == ("layer_norm" if entry.path_in_repo else None)
         names = (catalog.CATALOG[entry.model].source,) if entry.model in catalog.CATALOG else ()
         dictionary.check_applies(model=entry.model, block=entry.block, width=D, names=names)
-        with pytest.raises(ConceptsError, match=f"trained on {entry.model} block {entry.block}, patch.cls tokens, "
+        block = f"block {entry.block + 1} .index {entry.block}."
+        with pytest.raises(ConceptsError, match=f"trained on {entry.model} {block}, "
+                                                f"patch.cls tokens, "
                                                 f"not on vit-base"):
             dictionary.check_applies(model="vit-base", block=entry.block, width=D)
     assert set(catalog.DICTIONARIES) >= {"saev-clip-b16", "saev-dinov2-b14", "prisma-clip-b32-block11"}

@@ -145,8 +145,8 @@ def test_the_rows_spliced_are_the_tokens_the_dictionary_reads(data, tokens):
 def test_splicing_is_refused_in_words_where_the_next_block_reads_an_embedding_of_the_output(data):
     for name, block, able in [("swin-cifar10", 1, "0, 2, 4, 5, 6, 7, 8, 9"), ("cvt-cifar10", 2, "1, 3, 4, 5, 6, 7, 8")]:
         loaded, _, trace = traced(name, data, count=1)
-        with pytest.raises(ConceptsError, match=rf"Block {block} of {name} is the last of its stage.*"
-                                                rf"Blocks that can be spliced: {able}\."):
+        with pytest.raises(ConceptsError, match=rf"Block {block + 1} \(index {block}\) of {name} is the last of "
+                                                rf"its stage.*Blocks that can be spliced \(indexes\): {able}\."):
             splice(loaded, trace, axes_dictionary(trace.blocks[block].tokens.shape[-1]), block=block)
 
 
@@ -159,9 +159,10 @@ def test_patch_tokens_the_classifier_never_reads_are_refused_in_words(data, name
 
 def test_a_dictionary_of_another_model_block_or_token_kind_is_refused_in_words(data):
     loaded, _, trace = traced("vit-cifar10", data, count=1)
-    with pytest.raises(ConceptsError, match=r"trained on cvt-cifar10 block 4, patch tokens, not on vit-cifar10"):
+    with pytest.raises(ConceptsError, match=r"trained on cvt-cifar10 block 5 \(index 4\), patch tokens, "
+                                            r"not on vit-cifar10"):
         site(loaded, trace, axes_dictionary(192, origin=Origin(model="cvt-cifar10", block=4, tokens="patch")))
-    with pytest.raises(ConceptsError, match=r"not on block 3: read block 5"):
+    with pytest.raises(ConceptsError, match=r"not on block 4 \(index 3\): read block 6 \(index 5\)"):
         site(loaded, trace, axes_dictionary(192, origin=Origin(model="vit-cifar10", block=5)), block=3)
     with pytest.raises(ConceptsError, match=r"not on cls tokens: read its patch tokens"):
         site(loaded, trace, axes_dictionary(192, origin=Origin(model="vit-cifar10", block=5, tokens="patch")),

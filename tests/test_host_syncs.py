@@ -251,8 +251,7 @@ def test_a_circuit_waits_a_fixed_number_of_times_whatever_its_nodes_and_sites(fa
     four reads of the device (m on the photo; every site's effects, activations and error at once; the kept
     concepts' maps and every pair's edges at once, after their passes; the faithfulness and patching forward) and
     five conversions of what came back, none per node, edge or site."""
-    from tiny_models import tiny as tiny_of_family
-    from tiny_models import tiny_sites
+    from tiny_models import tiny as tiny_of_family, tiny_sites
     from vitviz.circuits import Metric, circuit
 
     model = tiny_of_family(family)

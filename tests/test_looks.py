@@ -20,7 +20,7 @@ from vitviz.concepts.files.own import checksum
 from vitviz.hub.loaded import LoadedModel, Source
 from vitviz.looks import Channel, Concept, Label, LooksError, Pixels, Settings, Unit, draw, natural
 from vitviz.looks.images import Phase, Randomness
-from vitviz.looks.pictures import FILE, SETTINGS, jpegs, pictures_of, settings_record
+from vitviz.looks.pictures import FILE, SETTINGS, SHARED, jpegs, pictures_of, settings_record
 from vitviz.preprocess import Transform
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -245,16 +245,20 @@ def test_shipped_pictures_are_what_the_script_makes(name):
     per_model = dictionary.dictionaries if hasattr(dictionary, "dictionaries") else {dictionary.model: dictionary}
     assert pictures.models == tuple(per_model)
     assert pictures.dictionary_sha256 == checksum({k: v for k, v in dictionary.state_dict().items()})
-    model = pictures.models[0]   # one set, a concept at each end: the drawing is the one the script runs
-    concepts = (0, dictionary.n_concepts - 1)
-    drawing = draw(hub.load(model, device="cpu"), [Concept(name, c) for c in concepts], settings=SETTINGS,
-                   device="cpu", bar=False)
-    encoded = jpegs(drawing.images, drawing.alpha)
-    decode = lambda data: np.asarray(Image.open(io.BytesIO(data))).astype(np.int16)
-    for i, concept in enumerate(concepts):
-        image, alpha = pictures.picture(concept, model)
-        # the same pixels to a grey level (a batch of 64 may round a last bit differently), so the same JPEG
-        assert np.abs(decode(encoded[2 * i]) - image).max() <= 1, concept
-        assert np.abs(decode(encoded[2 * i + 1]) - alpha).max() <= 1, concept
-        assert np.abs((drawing.images[i] * 255) - image).mean() < 6   # JPEG at quality 90: 3 to 4 grey levels
-        assert np.allclose(pictures.curve(concept, model), drawing.curve[i], atol=1e-4)
+    # the first model's own set, a concept at each end, and an across dictionary's shared set at its first concept:
+    # the drawing is the one the script runs
+    checked = [(pictures.models[0], [pictures.models[0]], (0, dictionary.n_concepts - 1))]
+    if SHARED in pictures.sets:
+        checked.append((SHARED, list(pictures.models), (0,)))
+    for picture_set, models, concepts in checked:
+        drawing = draw([hub.load(m, device="cpu") for m in models], [Concept(name, c) for c in concepts],
+                       settings=SETTINGS, device="cpu", bar=False)
+        encoded = jpegs(drawing.images, drawing.alpha)
+        decode = lambda data: np.asarray(Image.open(io.BytesIO(data))).astype(np.int16)
+        for i, concept in enumerate(concepts):
+            image, alpha = pictures.picture(concept, picture_set)
+            # the same pixels to a grey level (a batch of 64 may round a last bit differently), so the same JPEG
+            assert np.abs(decode(encoded[2 * i]) - image).max() <= 1, (picture_set, concept)
+            assert np.abs(decode(encoded[2 * i + 1]) - alpha).max() <= 1, (picture_set, concept)
+            assert np.abs((drawing.images[i] * 255) - image).mean() < 6   # JPEG at quality 90: 3 to 4 grey levels
+            assert np.allclose(pictures.curve(concept, picture_set), drawing.curve[i], atol=1e-4)

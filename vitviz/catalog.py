@@ -157,15 +157,16 @@ DICTIONARIES: dict[str, DictionaryEntry] = {e.name: e for e in [
     # saev's files name neither model nor layer: both are from its documentation (the layer-10 example of its
     # inference guide, `RecordedTransformer(vit, 196, True, [10])`, the class token kept)
     DictionaryEntry("saev-clip-b16", "osunlp/SAE_CLIP_24K_ViT-B-16", None, "clip-b16", 10, "patch+cls",
-                    "saev's ReLU dictionary of CLIP ViT-B/16 (OpenAI), block 10, 24,576 concepts, ImageNet-1k"),
+                    "saev's ReLU dictionary of CLIP ViT-B/16 (OpenAI), block 11 (index 10), 24,576 concepts, "
+                    "ImageNet-1k"),
     DictionaryEntry("saev-dinov2-b14", "osunlp/SAE_DINOv2_24K_ViT-B-14", None, "dinov2-b14", 10, "patch+cls",
-                    "saev's ReLU dictionary of DINOv2 ViT-B/14, block 10, 24,576 concepts, ImageNet-1k"),
+                    "saev's ReLU dictionary of DINOv2 ViT-B/14, block 11 (index 10), 24,576 concepts, ImageNet-1k"),
     # ViT-Prisma's CLIP checkpoints are `n_images_2600058.pt` (its loaders' default), beside config.json
     DictionaryEntry("prisma-clip-b32-block11",
                     "Prisma-Multimodal/sparse-autoencoder-clip-b-32-sae-vanilla-x64-layer-11-hook_resid_post-l1-1e-05",
                     "n_images_2600058.pt", "laion/CLIP-ViT-B-32-DataComp.XL-s13B-b90K", 11, "patch+cls",
-                    "ViT-Prisma's ReLU dictionary of CLIP ViT-B/32 (LAION DataComp.XL), block 11 resid_post, "
-                    "49,152 concepts"),
+                    "ViT-Prisma's ReLU dictionary of CLIP ViT-B/32 (LAION DataComp.XL), block 12 (index 11) "
+                    "resid_post, 49,152 concepts"),
 ]}
 
 
@@ -184,13 +185,15 @@ class BundledDictionary:
 
 
 def _at_depth(model: str, block: int, depth: int, concepts: int) -> BundledDictionary:
-    return BundledDictionary(f"{model}-block{block}", (model,), f"{model}'s block {block} of {depth}, {concepts} "
-                             f"concepts (TopK, k 16), for circuits", folder=f"{model}-depths/block{block}")
+    return BundledDictionary(f"{model}-block{block}", (model,), f"{model}'s block {block + 1} of {depth} (index "
+                             f"{block}), {concepts} concepts (TopK, k 16), for circuits",
+                             folder=f"{model}-depths/block{block}")
 
 
 BUNDLED_DICTIONARIES: dict[str, BundledDictionary] = {e.name: e for e in [
     BundledDictionary("vit-cifar10-last", ("vit-cifar10",), "vit-cifar10's last block, 768 concepts (TopK, k 16)"),
-    BundledDictionary("vit-cifar10-middle", ("vit-cifar10",), "vit-cifar10's block 3 of 7, 768 concepts (TopK, k 16)"),
+    BundledDictionary("vit-cifar10-middle", ("vit-cifar10",),
+                      "vit-cifar10's block 4 of 7 (index 3), 768 concepts (TopK, k 16)"),
     BundledDictionary("cvt-cifar10-last", ("cvt-cifar10",), "cvt-cifar10's last block, 768 concepts (TopK, k 16)"),
     BundledDictionary("swin-cifar10-last", ("swin-cifar10",), "swin-cifar10's last block, 768 concepts (TopK, k 16)"),
     BundledDictionary("resnet-cifar10-last", ("resnet-cifar10",),
@@ -199,8 +202,9 @@ BUNDLED_DICTIONARIES: dict[str, BundledDictionary] = {e.name: e for e in [
                       "one dictionary across the four CIFAR-10 models' last blocks, 768 shared concepts on their "
                       "common 4 x 4 cells"),
     BundledDictionary("across-vit-cvt-cifar10", ("vit-cifar10", "cvt-cifar10"),
-                      "one dictionary across the bundled pair a block before their last (vit-cifar10's block 5, "
-                      "cvt-cifar10's block 7), 768 shared concepts on their common 4 x 4 cells: circuits side by side"),
+                      "one dictionary across the bundled pair a block before their last (vit-cifar10's block 6, "
+                      "cvt-cifar10's block 8; indexes 5 and 7), 768 shared concepts on their common 4 x 4 cells: "
+                      "circuits side by side"),
     # checkpoints/concepts/depths.sh: three blocks spread over each model's depth, the dictionaries a circuit reads
     *(_at_depth(model, block, depth, concepts) for model, depth, blocks in (
         ("vit-cifar10", 7, ((1, 768), (3, 768), (5, 768))), ("cvt-cifar10", 9, ((1, 512), (3, 768), (5, 768))),

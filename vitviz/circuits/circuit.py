@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..concepts.kinds.dictionary import ConceptsError
+from ..concepts.kinds.dictionary import ConceptsError, block_words
 from .effects import (
     IG_STEPS,
     METHODS,
@@ -85,9 +85,9 @@ def circuit(loaded, pixels: Tensor, sites: Sequence[Site], metric: Metric, *, ba
         errors=errors, share=share, edge_share=edge_share,
         sites=[_site_record(site, state, on_host) for site, state, on_host in zip(sites, states, host)],
         nodes=nodes, edges=edges, candidates=sum(site.dictionary.n_concepts for site in sites))
-    result.notes = [f"Nothing at block {site.block} moves the answer: what {site.source} reads there is not read on "
-                    f"the way to the classifier (a ViT's or a CvT's classifier reads the last block's class token "
-                    f"alone; a dictionary of its grid cannot change the answer)."
+    result.notes = [f"Nothing at {block_words(site.block)} moves the answer: what {site.source} reads there is "
+                    f"not read on the way to the classifier (a ViT's or a CvT's classifier reads the last block's "
+                    f"class token alone; a dictionary of its grid cannot change the answer)."
                     for site, on_host in zip(sites, host)
                     if np.abs(on_host.effects).sum() + abs(on_host.error_effect) <= floor]
     # faithfulness and the check against patching: one batched forward for both
@@ -155,7 +155,7 @@ def _concept_node(site: Site, host: OnHost, concept: int, codes: np.ndarray, nam
 
 def _error_node(site: Site, host: OnHost) -> Node:
     where, class_token = _grid_values(site, host.error_map)
-    return Node(id=node_id(site.block, None), kind="error", name=f"error at block {site.block}",
+    return Node(id=node_id(site.block, None), kind="error", name="error",
                 effect=host.error_effect, block=site.block, activation=host.error_activation, grid=site.grid,
                 map=where, class_token=class_token)
 

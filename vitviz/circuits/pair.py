@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from .. import catalog
-from ..concepts.kinds.dictionary import ConceptsError
+from ..concepts.kinds.dictionary import ConceptsError, block_words
 from ..render.concepts import Region
 from . import load_dictionaries
 
@@ -76,8 +76,8 @@ def sources_for(loaded: Sequence, sources: Sequence[str | Path] | None = None) -
             if held is None or default and across and not held[1]:   # by default the one across the models wins
                 blocks[part.block] = (source, across)
             elif not (default and held[1]):
-                raise ConceptsError(f"{held[0]} and {source} both read block {part.block} of {model.name}: a circuit "
-                                    f"has one dictionary a block, so name one of them.")
+                raise ConceptsError(f"{held[0]} and {source} both read {block_words(part.block)} of {model.name}: "
+                                    f"a circuit has one dictionary a block, so name one of them.")
         if not used:
             trained_on = ", ".join(str(n) for n in parts)
             raise ConceptsError(f"{source} was trained on {trained_on}, which is none of the models asked for "

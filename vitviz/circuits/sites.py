@@ -31,7 +31,7 @@ from ..concepts.activations.cache import block_index, default_tokens
 from ..concepts.analysis.means import Means, file_name as means_file, load_means
 from ..concepts.analysis.photo import cell_weights, cells_of, model_names
 from ..concepts.analysis.splice import token_rows
-from ..concepts.kinds.dictionary import ConceptsError, Dictionary
+from ..concepts.kinds.dictionary import ConceptsError, Dictionary, block_words
 from ..models.trace import Trace
 
 
@@ -52,7 +52,7 @@ class Site:
 
     @property
     def label(self) -> str:
-        return f"block {self.block}"
+        return block_words(self.block)
 
     def rows(self, tokens: Tensor) -> Tensor:
         """b N d block tokens -> b rows d, what the dictionary reads."""
@@ -114,8 +114,8 @@ def sites_of(loaded, trace: Trace, dictionaries: Sequence[tuple[str, object]], *
         index = block_index(trace, part.block)
         asked = None if blocks is None or blocks[position] is None else block_index(trace, blocks[position])
         if across and asked is not None and asked != index:
-            raise ConceptsError(f"{source} was trained across {', '.join(dictionary.models)} on {loaded.name}'s block "
-                                f"{index}; its concepts mean nothing at block {asked}.")
+            raise ConceptsError(f"{source} was trained across {', '.join(dictionary.models)} on {loaded.name}'s "
+                                f"{block_words(index)}; its concepts mean nothing at {block_words(asked)}.")
         index = index if asked is None else asked
         part.check_applies(model=loaded.name, block=index, width=trace.blocks[index].tokens.shape[-1], names=names)
         out = trace.blocks[index]

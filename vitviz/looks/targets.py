@@ -39,6 +39,7 @@ from ..concepts.activations.align import align, token_rectangles
 from ..concepts.activations.cache import block_index, block_tokens, default_tokens
 from ..concepts.analysis.exemplars import index_in
 from ..concepts.analysis.photo import cells_of, model_names
+from ..concepts.kinds.dictionary import block_words
 from ..models.trace import Trace
 
 
@@ -196,9 +197,11 @@ class Readout:
             if block.hidden is None:
                 raise LooksError(f"{loaded.name}'s blocks have no MLP, so there are no hidden units to draw: draw a "
                                  f"block's channels instead (a Channel, --channel BLOCK:CHANNEL).")
-            unit = _checked(target.unit, block.hidden.shape[-1], "unit", f"Block {index}'s MLP in {loaded.name}")
+            unit = _checked(target.unit, block.hidden.shape[-1], "unit",
+                            f"{block_words(index).capitalize()}'s MLP in {loaded.name}")
             return ("unit", index), lambda t: t.blocks[index].hidden[:, prefix:], None, n, unit
-        channel = _checked(target.channel, block.tokens.shape[-1], "channel", f"Block {index} of {loaded.name}")
+        channel = _checked(target.channel, block.tokens.shape[-1], "channel",
+                           f"{block_words(index).capitalize()} of {loaded.name}")
         return ("channel", index), lambda t: t.blocks[index].tokens[:, prefix:], None, n, channel
 
     def _concept(self, probe: Trace, target: Concept):

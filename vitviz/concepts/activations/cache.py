@@ -57,7 +57,7 @@ from ...distributed import Ranks
 from ...files import safe_name, write_atomic
 from ...image import ImageError
 from ...models.trace import BlockTrace, Trace
-from ..kinds.dictionary import ConceptsError
+from ..kinds.dictionary import ConceptsError, block_words
 from .align import token_rectangles
 
 TOKENS = ("patch", "cls", "patch+cls", "position")
@@ -88,9 +88,9 @@ def check_tokens(block: BlockTrace, tokens: str, index: int) -> None:
     if (tokens == "position") != (not block.attends):
         have = "a convolutional block: its tokens are the grid's positions ('position')" if not block.attends else \
             "a transformer block: its grid tokens are 'patch' tokens"
-        raise ConceptsError(f"Block {index} is {have}, not {tokens!r} ones.")
+        raise ConceptsError(f"{block_words(index).capitalize()} is {have}, not {tokens!r} ones.")
     if "cls" in tokens and "cls" not in block.prefix_kinds:
-        raise ConceptsError(f"Block {index} has no class token; read its 'patch' tokens instead.")
+        raise ConceptsError(f"{block_words(index).capitalize()} has no class token; read its 'patch' tokens instead.")
 
 
 def block_tokens(trace: Trace, block: int, tokens: str) -> Tensor:

@@ -49,7 +49,7 @@ from ...explain.gradients import Target, resolve_target
 from ...image import ImageError
 from ...models.trace import BlockTrace, Trace
 from ..activations.cache import block_index, check_tokens, default_tokens
-from ..kinds.dictionary import ConceptsError, Dictionary
+from ..kinds.dictionary import ConceptsError, Dictionary, block_words
 
 
 @dataclass(frozen=True)
@@ -102,9 +102,9 @@ def site(loaded, trace: Trace, dictionary: Dictionary, *, block: int | None = No
                              names=(loaded.source.location,))
     if not spliceable(trace, index):
         able = [i for i in range(len(trace.blocks)) if spliceable(trace, i)]
-        raise ConceptsError(f"Block {index} of {loaded.name} is the last of its stage: block {index + 1} reads its "
-                            f"output only through the next stage's embedding or downsampling, so the model cannot "
-                            f"go on from a replaced output of block {index}. Blocks that can be spliced: "
+        raise ConceptsError(f"{block_words(index).capitalize()} of {loaded.name} is the last of its stage: the next "
+                            f"block reads its output only through the next stage's embedding or downsampling, so the "
+                            f"model cannot go on from a replaced output of it. Blocks that can be spliced (indexes): "
                             f"{', '.join(map(str, able))}.")
     found = Site(index=index, tokens=tokens, rows=token_rows(out, tokens), grid=out.query_grid)
     _check_read(loaded.model, out.tokens[:1], found, loaded.name)
@@ -118,9 +118,9 @@ def _check_read(model, x: Tensor, at: Site, name: str) -> None:
     with torch.inference_mode():
         logits = model.forward_from(at.index + 1, torch.cat([x, flipped]), at.grid)
     if torch.equal(logits[0], logits[1]):
-        raise ConceptsError(f"What follows block {at.index} of {name} does not read its {at.tokens} tokens at all "
-                            f"(its classifier reads only other tokens, such as the class token), so replacing them "
-                            f"cannot change a prediction: use a dictionary of an earlier block, or of the tokens "
+        raise ConceptsError(f"What follows {block_words(at.index)} of {name} does not read its {at.tokens} tokens "
+                            f"at all (its classifier reads only other tokens, such as the class token), so replacing "
+                            f"them cannot change a prediction: use a dictionary of an earlier block, or of the tokens "
                             f"the classifier reads.")
 
 

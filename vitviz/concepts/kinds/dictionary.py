@@ -56,11 +56,11 @@ class Origin:
     tokens: str | None = None
 
     def describe(self) -> str:
-        """A few words for messages: 'vit-cifar10 block -1, patch tokens'."""
+        """A few words for messages: 'vit-cifar10 block 6 (index 5), patch tokens' (`block_words`)."""
         if self.model is None and self.block is None:
             return "activations of unrecorded origin"
         model = (self.model or "an unnamed model") + (f"@{self.revision}" if self.revision else "")
-        block = f" block {self.block}" if self.block is not None else ""
+        block = f" {block_words(self.block)}" if self.block is not None else ""
         return model + block + (f", {self.tokens} tokens" if self.tokens else "")
 
     def to_dict(self) -> dict:
@@ -72,6 +72,15 @@ class Origin:
 
 
 UNKNOWN = Origin()   # a dictionary whose origin nobody recorded
+
+
+def block_words(index: int) -> str:
+    """A block as a person reads it: the app counts blocks from 1, the code (the trace's blocks, timm's `blocks.N`,
+    `concepts train --block`, the bundled names like vit-cifar10-block1) indexes them from 0, so a message says
+    both: 'block 6 (index 5)'; 'the last block (index -1)' from the end."""
+    if index == -1:
+        return "the last block (index -1)"
+    return f"block {index + 1} (index {index})" if index >= 0 else f"block index {index} (from the end)"
 
 
 class Normalisation(nn.Module):
@@ -258,8 +267,8 @@ class Dictionary(nn.Module):
             raise ConceptsError(f"This dictionary was trained on {self.origin.describe()}, not on {model}: pick "
                                 f"{self.origin.model} to use it, or a dictionary trained on {model}.")
         if self.origin.block is not None and self.origin.block != block:
-            raise ConceptsError(f"This dictionary was trained on {self.origin.describe()}, not on block {block}: "
-                                f"read block {self.origin.block} to use it.")
+            raise ConceptsError(f"This dictionary was trained on {self.origin.describe()}, not on "
+                                f"{block_words(block)}: read {block_words(self.origin.block)} to use it.")
         self.check_width(width)
 
     def check_width(self, width: int) -> None:
