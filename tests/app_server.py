@@ -1,16 +1,21 @@
-"""The real app, launched as a server process on a free localhost port, with the Hub offline."""
+"""The real app, launched as a server process on a free localhost port, with the Hub offline; and the headless
+Chromium its browser tests drive (Debian's package: a browser is never downloaded)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = "/usr/bin/chromium"
+SCREENSHOTS = Path(os.environ.get("VITVIZ_SCREENSHOTS", "/tmp/vitviz-screenshots"))
 
 
 def free_port() -> int:
@@ -66,3 +71,36 @@ def launch(tmp: Path, *args: str, env: dict | None = None, timeout: float = 180,
             time.sleep(0.05)
     process.kill()
     raise RuntimeError(f"the app did not serve {url} within {timeout} s:\n{log.read_text()[-3000:]}")
+
+
+def launch_browser(playwright):
+    """Headless Chromium from `sync_playwright()`; a test without it is skipped (in CI, where .ci/run installs it,
+    it fails)."""
+    import pytest
+
+    if not Path(CHROMIUM).exists():
+        if os.environ.get("CI"):
+            pytest.fail(f"{CHROMIUM} is missing: .ci/run installs Debian's chromium package")
+        pytest.skip("Debian's chromium is not installed (apt-get install -y chromium)")
+    return playwright.chromium.launch(executable_path=CHROMIUM, args=[
+        "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync"])
+
+
+@contextlib.contextmanager
+def explained_page(url: str, photo: Path, *, width: int = 1400) -> Iterator:
+    """A page of the app at `url`, `width` px wide (below 600 px a phone's 844 px tall, else 1000), with `photo`
+    uploaded and explained: yields it once the comparison line is shown. Screenshots go to SCREENSHOTS."""
+    from playwright.sync_api import sync_playwright
+
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = launch_browser(p)
+        page = browser.new_page(viewport={"width": width, "height": 1000 if width > 600 else 844})
+        page.goto(url)
+        page.locator("#input-image input[type=file]").set_input_files(str(photo))
+        page.locator("#input-image img").first.wait_for(timeout=30_000)
+        page.locator("#explain").click()
+        page.locator("#comparison").get_by_text("rank correlation").first.wait_for(timeout=120_000)
+        yield page
+        browser.close()

@@ -17,7 +17,7 @@ from PIL import Image
 import app
 import vitviz
 from hub_server import closed_port_url
-from tests.app_server import launch
+from tests.app_server import SCREENSHOTS, launch, launch_browser
 from vitviz.render.captions import Ink
 from vitviz.ui import anatomy, attention, classes, download, features, gpu, page, shared, tokens
 from vitviz.ui.page import PAIRS_AWAY
@@ -26,8 +26,6 @@ from vitviz.video import CAPTION_SCALE
 ROOT = Path(__file__).resolve().parents[1]
 PHOTO = ROOT / "assets" / "cat_chelsea.jpg"
 PAIR = ("vit-cifar10", "cvt-cifar10")
-CHROMIUM = "/usr/bin/chromium"
-SCREENSHOTS = Path(os.environ.get("VITVIZ_SCREENSHOTS", "/tmp/vitviz-screenshots"))
 
 
 @pytest.fixture(scope="module")
@@ -492,15 +490,9 @@ def test_a_model_without_a_classifier_answers_every_panel_in_words_from_a_real_c
 
 @pytest.fixture(scope="module")
 def browser():
-    if not Path(CHROMIUM).exists():
-        if os.environ.get("CI"):
-            pytest.fail(f"{CHROMIUM} is missing: .ci/run installs Debian's chromium package")
-        pytest.skip("Debian's chromium is not installed (apt-get install -y chromium)")
     from playwright.sync_api import sync_playwright
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync"])
+        browser = launch_browser(p)
         yield browser
         browser.close()
 

@@ -3,7 +3,6 @@ locally loaded models); one model pass per set of choices; a node's card (its ef
 exemplar index, what removing it does by `splice.concept_effects`, its edges) and a click on its tile; the drawing
 (edges as wide as their weights, coloured by sign; shared and picked nodes framed); the refusals in words; and the
 launched app from a real client and a real browser, at a desktop's and a phone's width."""
-import os
 from pathlib import Path
 
 import gradio as gr
@@ -12,7 +11,7 @@ import pytest
 from PIL import Image
 
 import vitviz
-from tests.app_server import launch
+from tests.app_server import SCREENSHOTS, explained_page, launch
 from vitviz.circuits import pair, photo_circuit
 from vitviz.concepts import load
 from vitviz.concepts.analysis.exemplars import index_in
@@ -29,7 +28,6 @@ PAIR = ("vit-cifar10", "cvt-cifar10")
 # two of the ViT's depths and the CvT's last block, each with an exemplar index: quick, and every card has names
 SOURCES = {"vit-cifar10": ["vit-cifar10-middle", "vit-cifar10-last"], "cvt-cifar10": ["cvt-cifar10-last"]}
 DEFAULT_SOURCES = pair.sources_for   # what the launched app reads, whatever `few_dictionaries` puts in its place here
-CHROMIUM = "/usr/bin/chromium"
 QUIET = dict(progress=lambda *a, **k: None)
 
 
@@ -257,23 +255,8 @@ def test_circuit_is_one_documented_endpoint_and_answers_from_a_real_client(serve
 @pytest.mark.parametrize("width", [1400, 390], ids=["1400 px wide", "a phone, 390 px wide"])
 def test_a_person_opens_the_circuits_tab_sees_both_graphs_and_their_faithfulness_and_clicks_a_node(served, width,
                                                                                                  left_graph):
-    if not Path(CHROMIUM).exists():
-        pytest.skip("Debian's chromium is not installed (apt-get install -y chromium)")
-    from playwright.sync_api import sync_playwright
-
     from tests.test_app import open_tab
-    screenshots = Path(os.environ.get("VITVIZ_SCREENSHOTS", "/tmp/vitviz-screenshots"))
-    screenshots.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync"])
-        page_ = browser.new_page(viewport={"width": width, "height": 1000 if width > 600 else 844})
-        page_.goto(served.url)
-        page_.locator("#input-image input[type=file]").set_input_files(str(PHOTO))
-        page_.locator("#input-image img").first.wait_for(timeout=30_000)
-        page_.locator("#explain").click()
-        page_.locator("#comparison").get_by_text("rank correlation").first.wait_for(timeout=120_000)
+    with explained_page(served.url, PHOTO, width=width) as page_:
         open_tab(page_, "Circuits")   # opening it draws both circuits
         page_.locator("#circuits-note").get_by_text("F = ").first.wait_for(timeout=300_000)
         for panel in ("#circuits-graph-a", "#circuits-graph-b", "#circuits-curves"):
@@ -297,6 +280,5 @@ def test_a_person_opens_the_circuits_tab_sees_both_graphs_and_their_faithfulness
         graph.click(position={"x": (x0 + x1) / 2 * scale, "y": (y0 + y1) / 2 * scale})
         page_.locator("#circuits-card-words").get_by_text(strongest["name"]).first.wait_for(timeout=60_000)
         page_.locator("#circuits-card img").first.wait_for(timeout=30_000)
-        page_.locator("#tabs").screenshot(path=str(screenshots / f"10-circuits-{width}.png"))
-        browser.close()
+        page_.locator("#tabs").screenshot(path=str(SCREENSHOTS / f"10-circuits-{width}.png"))
     assert served.process.poll() is None

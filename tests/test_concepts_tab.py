@@ -3,7 +3,6 @@ locally loaded models (`vitviz.load` and `photo.readers`, run here, not through 
 by `load_exemplars` and a match read by `Matches.load`; one model pass per photo and pair of dictionaries; the
 refusals in words; and the launched app from a real browser and a real client."""
 import json
-import os
 import pickle
 import shutil
 from pathlib import Path
@@ -14,7 +13,7 @@ import pytest
 import torch
 
 import vitviz
-from tests.app_server import launch
+from tests.app_server import SCREENSHOTS, explained_page, launch
 from vitviz import catalog
 from vitviz.concepts import TopK, save
 from vitviz.concepts.activations.cache import cache_activations
@@ -26,6 +25,7 @@ from vitviz.concepts.files.across import save_across
 from vitviz.concepts.kinds.across import Across
 from vitviz.concepts.kinds.dictionary import Origin
 from vitviz.data import open_folder
+from vitviz.looks.pictures import FILE
 from vitviz.session import ModelRun
 from vitviz.ui import concepts, gpu, page, shared
 
@@ -33,7 +33,6 @@ ROOT = Path(__file__).resolve().parents[1]
 PHOTO = ROOT / "assets" / "cat_chelsea.jpg"
 PAIR = ("vit-cifar10", "cvt-cifar10")
 DICTIONARIES = ("vit-cifar10-last", "cvt-cifar10-last")   # the bundled pair's own
-CHROMIUM = "/usr/bin/chromium"
 QUIET = dict(progress=lambda *a, **k: None)
 
 
@@ -494,20 +493,32 @@ def shipped_or_indexed(tmp: Path) -> list[str]:
     return [str(with_exemplars(tmp, name)) for name in DICTIONARIES]
 
 
+def undrawn_copy(tmp: Path, name: str = "vit-cifar10-block5") -> Path:
+    """A copy of bundled dictionary `name` (its weights, exemplar index and means) without the pictures it ships,
+    in tmp/dictionaries: a dictionary whose cards offer to draw its concepts."""
+    folder = tmp / "dictionaries" / f"{name}-without-pictures"
+    folder.mkdir(parents=True)
+    for file in catalog.BUNDLED_DICTIONARIES[name].path.iterdir():
+        if file.name != FILE:
+            shutil.copy(file, folder)
+    return folder
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    """The app, launched offline, and the dictionaries its Concepts tab is to read."""
+    """The app, launched offline; the dictionaries its Concepts tab is to read; one without pictures."""
     tmp = tmp_path_factory.mktemp("concepts-app")
     sources = shipped_or_indexed(tmp)
+    undrawn = undrawn_copy(tmp)
     server = launch(tmp, env={"VITVIZ_DICTIONARIES": str(tmp / "dictionaries")})
-    yield server, sources
+    yield server, sources, str(undrawn)
     server.stop()
 
 
 @pytest.mark.slow
 def test_concepts_is_one_documented_endpoint_and_answers_from_a_real_client(served):
     from gradio_client import Client, handle_file
-    server, sources = served
+    server, sources, _ = served
     client = Client(server.url, verbose=False, analytics_enabled=False,
                     download_files=str(server.log.parent / "downloads"))
     api = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
@@ -529,28 +540,10 @@ def test_concepts_is_one_documented_endpoint_and_answers_from_a_real_client(serv
 
 @pytest.mark.slow
 def test_a_person_reads_both_models_concepts_with_their_maps_and_exemplars_and_clicks_the_photo(served):
-    if not Path(CHROMIUM).exists():
-        pytest.skip("Debian's chromium is not installed (apt-get install -y chromium)")
-    from playwright.sync_api import sync_playwright
-    server, sources = served
-    screenshots = Path(os.environ.get("VITVIZ_SCREENSHOTS", "/tmp/vitviz-screenshots"))
-    screenshots.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync"])
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.goto(server.url)
-        page.locator("#input-image input[type=file]").set_input_files(str(PHOTO))
-        page.locator("#input-image img").first.wait_for(timeout=30_000)
-        page.locator("#explain").click()
-        page.locator("#comparison").get_by_text("rank correlation").first.wait_for(timeout=120_000)
-        tab = page.get_by_role("tab", name="Concepts")
-        if tab.count() and tab.first.is_visible():
-            tab.first.click()
-        else:   # the tab bar is too narrow: the tab is in its "More tabs" menu
-            page.get_by_role("button", name="More tabs").first.click()
-            page.locator(".overflow-dropdown button", has_text="Concepts").click()
+    from tests.test_app import open_tab
+    server, sources, _ = served
+    with explained_page(server.url, PHOTO) as page:
+        open_tab(page, "Concepts")
         for box, source in zip(("#concepts-dictionary-a", "#concepts-dictionary-b"), sources):
             field = page.locator(f"{box} input")
             field.fill(source)
@@ -569,7 +562,7 @@ def test_a_person_reads_both_models_concepts_with_their_maps_and_exemplars_and_c
         for gallery, words in (("#concepts-a", "#concepts-words-a"), ("#concepts-b", "#concepts-words-b")):
             assert page.locator(f"{words} tbody tr").count() == page.locator(f"{gallery} img").count()   # one per card
         page.evaluate("document.querySelectorAll('#tabs *').forEach(e => { e.scrollTop = 0; })")
-        page.locator("#tabs").screenshot(path=str(screenshots / "8-concepts.png"))
+        page.locator("#tabs").screenshot(path=str(SCREENSHOTS / "8-concepts.png"))
         image = page.locator("#input-image img").first
         image.scroll_into_view_if_needed()
         box = image.bounding_box()
@@ -578,7 +571,7 @@ def test_a_person_reads_both_models_concepts_with_their_maps_and_exemplars_and_c
         words = page.locator("#concepts-point").inner_text()
         assert all(f"{name}, cell (" in words for name in PAIR)
         page.locator("#concepts-point").scroll_into_view_if_needed()
-        page.screenshot(path=str(screenshots / "8-concepts-click.png"))
+        page.screenshot(path=str(SCREENSHOTS / "8-concepts-click.png"))
         page.set_viewport_size({"width": 390, "height": 844})   # a phone: each picker's name whole, clear of its arrow
         for box, name in zip(("#concepts-dictionary-a", "#concepts-dictionary-b"), DICTIONARIES):
             field = page.locator(f"{box} input")
@@ -590,42 +583,25 @@ def test_a_person_reads_both_models_concepts_with_their_maps_and_exemplars_and_c
                 return start + pen.measureText(e.value).width; }""")
             assert text_end <= page.locator(f"{box} .dropdown-arrow").bounding_box()["x"], box
         page.locator("#concepts-dictionary-a").scroll_into_view_if_needed()
-        page.screenshot(path=str(screenshots / "8-concepts-390.png"))
-        browser.close()
+        page.screenshot(path=str(SCREENSHOTS / "8-concepts-390.png"))
     assert server.process.poll() is None
-
-
-UNDRAWN = ("vit-cifar10-block5", "vit-cifar10-block3", "vit-cifar10-block1")   # dictionaries no pictures ship with
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("width", [1400, 390], ids=["1400 px wide", "a phone, 390 px wide"])
 def test_a_person_sees_each_concepts_picture_on_its_card_and_draws_one_where_none_ships(served, width):
-    """The right column's dictionary ships its pictures, the left one's none: a click on a left card says so with the
-    time a drawing takes, and Draw this concept draws its picture onto the card, with a progress bar."""
-    if not Path(CHROMIUM).exists():
-        pytest.skip("Debian's chromium is not installed (apt-get install -y chromium)")
-    from playwright.sync_api import sync_playwright
-
+    """The right column's dictionary ships its pictures, the left one's none (a bundled one's copy without them): a
+    click on a left card says so with the time a drawing takes, and Draw this concept draws its picture onto the
+    card, with a progress bar."""
     from tests.test_app import open_tab
     from vitviz.looks import pictures_of
-    server, sources = served
-    undrawn = next((name for name in UNDRAWN if pictures_of(name) is None), None)
-    if undrawn is None or pictures_of("cvt-cifar10-last") is None:
-        pytest.skip("every bundled ViT dictionary ships its pictures now, or the CvT's none: pick others")
-    screenshots = Path(os.environ.get("VITVIZ_SCREENSHOTS", "/tmp/vitviz-screenshots"))
-    screenshots.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync"])
-        page_ = browser.new_page(viewport={"width": width, "height": 1000 if width > 600 else 844})
-        page_.goto(server.url)
-        page_.locator("#input-image input[type=file]").set_input_files(str(PHOTO))
-        page_.locator("#input-image img").first.wait_for(timeout=30_000)
-        page_.locator("#explain").click()
-        page_.locator("#comparison").get_by_text("rank correlation").first.wait_for(timeout=120_000)
+    server, _, undrawn = served
+    assert pictures_of(undrawn) is None and pictures_of("cvt-cifar10-last") is not None
+    with explained_page(server.url, PHOTO, width=width) as page_:
         open_tab(page_, "Concepts")
+        # the Explain's and the opened tab's own readings (each column's default dictionary) done first: on a busy
+        # machine their answers, sent before a dictionary is typed in, could arrive after it and put the default back
+        page_.locator("#concepts-note").get_by_text("through vit-cifar10-last").first.wait_for(timeout=120_000)
         for box, source in zip(("#concepts-dictionary-a", "#concepts-dictionary-b"), (undrawn, "cvt-cifar10-last")):
             field = page_.locator(f"{box} input")
             field.fill(source)
@@ -640,7 +616,7 @@ def test_a_person_sees_each_concepts_picture_on_its_card_and_draws_one_where_non
                                 ".every(i => i.complete && i.naturalWidth >= 400)", timeout=30_000)
         assert not page_.locator("#concepts-draw").is_visible()   # nothing picked yet
         page_.locator("#concepts-b img").first.scroll_into_view_if_needed()   # cards with their shipped pictures
-        page_.screenshot(path=str(screenshots / f"11-concept-pictures-{width}.png"))
+        page_.screenshot(path=str(SCREENSHOTS / f"11-concept-pictures-{width}.png"))
         page_.locator("#concepts-a img").first.click()   # a card of the dictionary without pictures
         pick = page_.locator("#concepts-pick")
         pick.get_by_text(f"no picture of it ships with {undrawn}").first.wait_for(timeout=30_000)
@@ -653,6 +629,5 @@ def test_a_person_sees_each_concepts_picture_on_its_card_and_draws_one_where_non
                                 "i.src !== before && i.complete && i.naturalWidth >= 400; }", arg=before,
                                 timeout=30_000)   # the cards drawn again, the picture on its card
         page_.locator("#concepts-a .preview img").first.scroll_into_view_if_needed()   # the card picked, enlarged
-        page_.screenshot(path=str(screenshots / f"11-concept-drawn-{width}.png"))
-        browser.close()
+        page_.screenshot(path=str(SCREENSHOTS / f"11-concept-drawn-{width}.png"))
     assert server.process.poll() is None
