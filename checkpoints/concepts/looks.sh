@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Every bundled concept's picture (the app's concept cards), drawn by vitviz's own CLI with the settings of
 # vitviz/looks/pictures.py (MACO on a 32 px canvas, 32 steps of 2 crops, seed 0, on the CPU) and written beside each
-# dictionary as looks.safetensors (model card: checkpoints/README.md, "Concept dictionaries"). Run from the repository
-# root; each dictionary is one command, in the order the app needs them (the bundled pair first, then the dictionary
-# across the four models: its shared pictures and each model's own), so an interrupted run keeps those it finished.
+# dictionary as looks.safetensors (model card: checkpoints/README.md, "Feature pictures"). Run from the repository
+# root: `checkpoints/concepts/looks.sh` draws every bundled dictionary (vitviz.catalog.BUNDLED_DICTIONARIES, in its
+# order) that has no pictures yet, `REDRAW=1` all of them again, and named folders (`looks.sh across-cifar10
+# vit-cifar10-depths/block1`) just those. One command a dictionary, so an interrupted run keeps those it finished;
+# two runs over different folders share a 2-core machine well.
 set -euo pipefail
 OUT=${OUT:-checkpoints/concepts}
 # one thread unless told otherwise: on the shared 2-core machine these were drawn on, a second intra-op thread mostly
@@ -11,7 +13,17 @@ OUT=${OUT:-checkpoints/concepts}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 FOLDERS=("$@")
 if [ ${#FOLDERS[@]} -eq 0 ]; then
-  FOLDERS=(vit-cifar10-last cvt-cifar10-last across-cifar10 vit-cifar10-middle swin-cifar10-last resnet-cifar10-last)
+  mapfile -t FOLDERS < <(python -c "from vitviz import catalog
+for entry in catalog.BUNDLED_DICTIONARIES.values():
+    print(entry.folder or entry.name)")
+  if [ "${REDRAW:-0}" != 1 ]; then
+    missing=()
+    for folder in "${FOLDERS[@]}"; do
+      [ -f "$OUT/$folder/looks.safetensors" ] || missing+=("$folder")
+    done
+    FOLDERS=("${missing[@]}")
+    [ ${#FOLDERS[@]} -gt 0 ] || echo "Every bundled dictionary has its pictures (REDRAW=1 draws them all again)."
+  fi
 fi
 for folder in "${FOLDERS[@]}"; do
   python -m vitviz looks --concepts "$OUT/$folder" --pictures --device cpu
