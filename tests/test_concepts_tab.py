@@ -337,9 +337,13 @@ def test_each_column_opens_with_its_models_own_dictionary_and_keeps_one_typed_in
     assert concepts.default_dictionary("dinov2-b14") == "saev-dinov2-b14"   # a published one, from the catalog
     assert concepts.default_dictionary("dinov2-s14") == ""
     assert "vit-cifar10-middle" in concepts.dictionaries_for("vit-cifar10")
-    assert concepts.dictionary_box("swin-cifar10", "vit-cifar10-last").value == "swin-cifar10-last"
-    assert concepts.dictionary_box("swin-cifar10", "someone/their-sae").value == "someone/their-sae"
-    assert concepts.dictionary_box("vit-cifar10", "vit-cifar10-middle").value == "vit-cifar10-middle"
+    # what an Explain sends each box: another model's dictionary replaced by the model's own; one that serves the
+    # model, or one typed in, left as the box holds it (no value sent: one typed since the Explain began stays)
+    assert concepts.dictionary_box("swin-cifar10", "vit-cifar10-last").constructor_args["value"] == "swin-cifar10-last"
+    for model, held in (("swin-cifar10", "someone/their-sae"), ("vit-cifar10", "vit-cifar10-middle")):
+        box = concepts.dictionary_box(model, held)
+        assert "value" not in box.constructor_args, held
+        assert box.constructor_args["choices"] == concepts.dictionaries_for(model)
 
 
 def test_refusals_and_what_does_not_apply_are_said_in_words(tmp_path, monkeypatch, dinov2_repos):
@@ -599,8 +603,8 @@ def test_a_person_sees_each_concepts_picture_on_its_card_and_draws_one_where_non
     assert pictures_of(undrawn) is None and pictures_of("cvt-cifar10-last") is not None
     with explained_page(server.url, PHOTO, width=width) as page_:
         open_tab(page_, "Concepts")
-        # the Explain's and the opened tab's own readings (each column's default dictionary) done first: on a busy
-        # machine their answers, sent before a dictionary is typed in, could arrive after it and put the default back
+        # the opened tab's own reading (each column's default dictionary) done first: the note then waited for is
+        # the typed dictionary's
         page_.locator("#concepts-note").get_by_text("through vit-cifar10-last").first.wait_for(timeout=120_000)
         for box, source in zip(("#concepts-dictionary-a", "#concepts-dictionary-b"), (undrawn, "cvt-cifar10-last")):
             field = page_.locator(f"{box} input")

@@ -65,13 +65,15 @@ def default_dictionary(model: str) -> str:
 
 
 def dictionary_box(model: str, current: str | None = None) -> gr.Dropdown:
-    """A column's dictionary box for `model`: what it offers, keeping `current` where it serves the model or was
-    typed in (a Hub id, a folder), else the model's default."""
+    """A column's dictionary box for `model`: what it offers, and the model's default where `current` neither
+    serves the model nor was typed in (a Hub id, a folder). Otherwise its value is left alone: `current` is what the
+    box held when the event began, and a dictionary typed in since then must stay."""
     offered = dictionaries_for(model)
     current = (current or "").strip()
     known = current in catalog.BUNDLED_DICTIONARIES or current in catalog.DICTIONARIES
-    keep = current and (current in offered or not known)
-    return gr.Dropdown(choices=offered, value=current if keep else default_dictionary(model), allow_custom_value=True)
+    if current and (current in offered or not known):
+        return gr.Dropdown(choices=offered, allow_custom_value=True)
+    return gr.Dropdown(choices=offered, value=default_dictionary(model), allow_custom_value=True)
 
 
 def reading(key, dictionary_a, dictionary_b, *, compute: bool = True) -> gpu.Concepts | None:
