@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from .. import catalog
+from ..concepts.files import folder_of
 from ..concepts.kinds.dictionary import ConceptsError
 from .circuit import circuit, faithfulness, faithfulness_over, patching_check, rank_correlation
 from .effects import BASELINES, IG_STEPS, METHODS, Metric
@@ -28,20 +28,8 @@ from .graph import EDGE_SHARE, MOST, SHARE, Circuit, Edge, Node, kept_concepts
 from .sites import Site, sites_of
 
 __all__ = ["BASELINES", "Circuit", "EDGE_SHARE", "Edge", "IG_STEPS", "METHODS", "MOST", "Metric", "Node", "SHARE",
-           "Site", "circuit", "data_faithfulness", "faithfulness", "faithfulness_over", "folder_of", "kept_concepts",
+           "Site", "circuit", "data_faithfulness", "faithfulness", "faithfulness_over", "kept_concepts",
            "load_dictionaries", "patching_check", "photo_circuit", "rank_correlation", "sites_of"]
-
-
-def folder_of(source: str | Path) -> Path | None:
-    """The folder a dictionary source's files are in (a bundled name's, a folder, a file's folder), where its
-    means and exemplars may be; None for a Hub id."""
-    text = str(source)
-    if text in catalog.BUNDLED_DICTIONARIES:
-        return catalog.BUNDLED_DICTIONARIES[text].path
-    path = Path(text).expanduser()
-    if path.is_dir():
-        return path
-    return path.parent if path.is_file() else None
 
 
 def load_dictionaries(sources: Sequence[str | Path]) -> list[tuple[str, object, Path | None]]:

@@ -56,8 +56,9 @@ def models_of(args) -> list[str]:
 
 
 def cmd_looks(args) -> int:
+    from ..concepts.files import folder_of
     from ..looks import LooksError, Settings, draw
-    from ..looks.pictures import folder_of, make_pictures, save_pictures
+    from ..looks.pictures import make_pictures, save_pictures
 
     try:
         if args.pictures:

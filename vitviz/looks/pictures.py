@@ -39,8 +39,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load as load_tensors, save as save_tensors
 from torch import Tensor
 
-from .. import catalog
 from ..concepts import Across, ConceptsError, load as load_dictionary
+from ..concepts.files import folder_of
 from ..concepts.files.own import checked_format, checksum, header_json
 from ..files import write_atomic
 from .draw import Progress, Settings, draw
@@ -157,19 +157,12 @@ def save_pictures(pictures: Pictures, folder: str | Path) -> Path:
     return path
 
 
-def folder_of(source: str | Path) -> Path:
-    """The folder of a dictionary: a bundled dictionary's, or `source`'s own (a file's: the one it is in)."""
-    text = str(source).strip()
-    bundled = catalog.BUNDLED_DICTIONARIES.get(text)
-    path = bundled.path if bundled else Path(text).expanduser()
-    return path if path.is_dir() or not path.exists() else path.parent
-
-
 def pictures_of(source: str | Path) -> Pictures | None:
     """The pictures beside a dictionary (a bundled dictionary's name, or its folder), or None where it has none;
     a damaged file is refused in words (`LooksError`)."""
-    path = folder_of(source) / FILE
-    if not path.is_file():
+    folder = folder_of(source)
+    path = None if folder is None else folder / FILE
+    if path is None or not path.is_file():
         return None
     try:
         raw = path.read_bytes()

@@ -59,12 +59,12 @@ from safetensors import SafetensorError
 from safetensors.torch import load as load_tensors, save as save_tensors
 from torch import Tensor
 
-from ... import catalog
 from ...data import Dataset
 from ...files import safe_name, write_atomic
 from ...image import ImageError, read_image
 from ..activations.align import Alignment
 from ..activations.cache import Cached
+from ..files import folder_of
 from ..files.own import checked_format, checksum, header_json
 from ..kinds.dictionary import ConceptsError, Dictionary, Origin
 
@@ -366,13 +366,11 @@ def index_in(source: str | Path, *, dictionary: Dictionary | None = None, model:
     models), the one built from `dictionary`'s weights where it is given, else the one of `model` (to be said where
     the folder holds several). A ConceptsError says why there is none."""
     text = str(source).strip()
-    bundled = catalog.BUNDLED_DICTIONARIES.get(text)
-    path = bundled.path if bundled else Path(text).expanduser()
-    if not path.exists():
+    folder = folder_of(text)
+    if folder is None:
         raise ConceptsError(f"{text} is no dictionary's folder here: an exemplar index is read from beside a "
                             f"dictionary's files (a bundled dictionary's name, or a folder; one from the Hub has "
                             f"none).")
-    folder = path if path.is_dir() else path.parent
     files = sorted(folder.glob(f"{Path(FILE).stem}*.safetensors"))
     if not files:
         raise ConceptsError(f"{text} has no exemplar index ({FILE} in its folder) yet: `python -m vitviz concepts "

@@ -65,6 +65,19 @@ def load(source: str | Path, *, path_in_repo: str | None = None,
     return _read(reader, path)
 
 
+def folder_of(source: str | Path) -> Path | None:
+    """The local folder a dictionary's files are in, where what is made from it lies beside them (its exemplar
+    index, means, pictures): a bundled dictionary's, a folder, a file's folder; None for anything not here (a
+    catalog or Hub dictionary, a missing path)."""
+    text = str(source).strip()
+    if text in catalog.BUNDLED_DICTIONARIES:
+        return catalog.BUNDLED_DICTIONARIES[text].path
+    path = Path(text).expanduser()
+    if path.is_dir():
+        return path
+    return path.parent if path.is_file() else None
+
+
 def read(path: Path) -> Dictionary | Across:
     """A local dictionary file or folder -> the dictionary, read by the first reader whose layout it matches."""
     for reader in READERS:

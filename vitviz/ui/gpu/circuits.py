@@ -47,9 +47,9 @@ class CircuitReading:
 def site_index(source: str, model: str) -> tuple[Exemplars | None, str]:
     """The exemplar index of dictionary `source` (the part of `model`, for one across models) in its folder, or None
     and why not, in words."""
-    from ...circuits import folder_of
     from ...concepts import ConceptsError, load
     from ...concepts.analysis.exemplars import index_in
+    from ...concepts.files import folder_of
     from ...concepts.kinds.across import Across
 
     folder = folder_of(source)

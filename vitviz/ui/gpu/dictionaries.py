@@ -59,12 +59,12 @@ def allowed_path(path: Path) -> bool:
 def dictionary_folder(source: str) -> Path | None:
     """The folder a dictionary is read from, which holds its exemplar index: a bundled one's or an allowed local
     one's; None for one fetched from the Hub."""
-    if source in catalog.BUNDLED_DICTIONARIES:
-        return catalog.BUNDLED_DICTIONARIES[source].path
-    path = Path(source).expanduser()
-    if source and source not in catalog.DICTIONARIES and path.exists() and allowed_path(path):
-        return path if path.is_dir() else path.parent
-    return None
+    from ...concepts.files import folder_of
+
+    folder = folder_of(source) if source and source not in catalog.DICTIONARIES else None
+    if folder is None or source in catalog.BUNDLED_DICTIONARIES:
+        return folder
+    return folder if allowed_path(Path(source).expanduser()) else None
 
 
 @dataclass(frozen=True, eq=False)
