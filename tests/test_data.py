@@ -14,6 +14,7 @@ import pytest
 import torchvision
 from PIL import Image
 
+from cifar10_setup import cifar10_for_tests
 from vitviz import cli, data
 from vitviz.data import DataError, cached_cifar10, cifar10_file, open_data, open_npz
 
@@ -164,3 +165,31 @@ def test_without_a_network_the_command_refuses_in_words_and_writes_nothing(place
 def test_out_naming_a_folder_is_a_usage_error(tmp_path, capsys):
     assert cli.main(["data", "cifar10", "--out", str(tmp_path)]) == 2
     assert f"--out {tmp_path} is a folder" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- the tests' own CIFAR-10 (tests/cifar10_setup.py)
+
+def test_the_tests_make_cifar10_on_first_use_in_the_users_cache(places, monkeypatch, capsys):
+    _, _, cache = places
+    monkeypatch.setattr(torchvision.datasets, "CIFAR10", TinyCIFAR10)
+    assert cifar10_for_tests() == cache
+    assert f"making {cache} once" in capsys.readouterr().err
+    assert open_npz(cache, split="test").labels == tuple(sorted(LABELS["test"]))
+    assert cifar10_for_tests() == cache   # found the second time, not made again
+
+
+@pytest.mark.parametrize("ci", [None, "1"])
+def test_offline_the_tests_needing_cifar10_are_skipped_in_words_and_fail_under_ci(places, monkeypatch, refusing_port,
+                                                                                   ci):
+    _, _, cache = places
+    monkeypatch.setattr(torchvision.datasets.CIFAR10, "url", f"http://127.0.0.1:{refusing_port}/cifar-10.tar.gz")
+    if ci:
+        monkeypatch.setenv("CI", ci)
+    else:
+        monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.fail.Exception if ci else pytest.skip.Exception) as stopped:
+        cifar10_for_tests()
+    words = str(stopped.value)
+    assert words.startswith("CI needs CIFAR-10" if ci else "needs CIFAR-10")
+    assert "Make it with `vitviz data cifar10`" in words and "Making cifar10_jpeg.npz needs a network" in words
+    assert not cache.exists()
