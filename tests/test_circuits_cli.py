@@ -29,7 +29,8 @@ def run(*args: str) -> int:
 @pytest.mark.slow
 def test_the_command_writes_each_models_graph_and_picture_for_the_class_asked(tmp_path, capsys):
     out = tmp_path / "circuits"
-    assert run(str(PHOTO), "--models", *PAIR, "--dictionaries", *DICTIONARIES, "--class", "dog", "--share", "0.6",
+    assert run(str(PHOTO), "--models", *PAIR, "--dictionaries", *DICTIONARIES, "--class", "dog", "--faithfulness",
+               "0.7",
                "--out", str(out)) == 0
     printed = capsys.readouterr().out
     written = sorted(p.name for p in out.iterdir())
@@ -38,13 +39,13 @@ def test_the_command_writes_each_models_graph_and_picture_for_the_class_asked(tm
     for name, sources in zip(PAIR, (["vit-cifar10-middle", "vit-cifar10-last"], ["cvt-cifar10-last"])):
         graph = json.loads((out / f"circuit-{name}.json").read_text())
         loaded = vitviz.load(name)
-        reference = photo_circuit(loaded, image, dictionaries=sources, target=loaded.labels.index("dog"), share=0.6)
+        reference = photo_circuit(loaded, image, dictionaries=sources, target=loaded.labels.index("dog"), faithful=0.7)
         assert graph == json.loads(json.dumps(reference.to_json()))   # the JSON round trip: tuples become lists
         assert graph["target_label"] == "dog" and [s["dictionary"] for s in graph["sites"]] == sources
         picture = np.asarray(Image.open(out / f"circuit-{name}.png"))
         assert picture.shape == (*graph_layout(graph).size, 3) and picture.std() > 10
         f = graph["faithfulness"]
-        assert f"{name}: the logit of dog" in printed and f"faithfulness {f['value']:.3f}" in printed
+        assert f"{name}: the logit of dog" in printed and f"F = {f['value']:.3f}" in printed
         strongest = max((n for n in graph["nodes"] if n["kind"] == "concept"), key=lambda n: abs(n["effect"]))
         assert strongest["name"] in printed
 
@@ -67,8 +68,9 @@ def test_by_default_a_dictionary_across_exactly_the_models_asked_for_takes_the_p
      "cvt-cifar10-last was trained on cvt-cifar10, which is none of the models asked for (vit-cifar10)"),
     (["--dictionaries", *DICTIONARIES, "--class", "zebra"], "--class 'zebra' is not a class of vit-cifar10"),
     (["--dictionaries", *DICTIONARIES, "--contrast", "cat", "--class", "cat"], "--contrast 'cat' is the class itself"),
-    (["--dictionaries", *DICTIONARIES, "--share", "1.5"], "--share is from 0"),
-], ids=["a dictionary of another model", "a class outside the labels", "the contrast is the class", "a share above 1"])
+    (["--dictionaries", *DICTIONARIES, "--faithfulness", "1.5"], "--faithfulness is from 0"),
+], ids=["a dictionary of another model", "a class outside the labels", "the contrast is the class",
+       "a faithfulness above 1"])
 def test_a_bad_input_is_refused_in_words_and_nothing_is_written(tmp_path, capsys, args, words):
     out = tmp_path / "out"
     assert run(str(PHOTO), *args, "--out", str(out)) == 2

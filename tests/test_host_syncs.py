@@ -247,19 +247,20 @@ def test_an_evaluation_batch_waits_a_fixed_number_of_times_whatever_its_images()
 
 @pytest.mark.parametrize("family", ["vit", "resnet"])
 def test_a_circuit_waits_a_fixed_number_of_times_whatever_its_nodes_and_sites(family):
-    """Two sites keeping at most 2 concepts each against three keeping up to 12 (more nodes, edges and passes):
-    four reads of the device (m on the photo; every site's effects, activations and error at once; the kept
-    concepts' maps and every pair's edges at once, after their passes; the faithfulness and patching forward) and
-    five conversions of what came back, none per node, edge or site."""
+    """Two sites with a circuit reaching F 0.1 drawn with at most 2 concepts each, against three reaching F 1 with up
+    to 12 (more nodes, edges and passes): five reads of the device (m on the photo; every site's effects,
+    activations and error at once; m at every prefix of the ranking; the drawn concepts' maps and every pair's edges
+    at once, after their passes; the completeness and patching forward) and four conversions of what came back, none
+    per node, edge, prefix or site."""
     from tiny_models import tiny as tiny_of_family, tiny_sites
     from vitviz.circuits import Metric, circuit
 
     model = tiny_of_family(family)
     counts, sizes = {}, {}
-    for blocks, most in (([1, -1], 2), ([0, 1, -1], 12)):
+    for blocks, most, faithful in (([1, -1], 2, 0.1), ([0, 1, -1], 12, 1.0)):
         loaded, pixels, sites = tiny_sites(model, blocks=blocks)
         with counting() as calls:
-            graph = circuit(loaded, pixels, sites, Metric(2), most=most)
+            graph = circuit(loaded, pixels, sites, Metric(2), most=most, faithful=faithful)
         counts[len(blocks)], sizes[len(blocks)] = sum(calls.values()), graph.size
     assert sizes[3]["nodes"] > sizes[2]["nodes"] + 5 and sizes[3]["edges"] > sizes[2]["edges"], sizes
     assert counts == {2: 9, 3: 9}, counts

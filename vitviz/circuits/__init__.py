@@ -22,14 +22,14 @@ from PIL import Image
 
 from ..concepts.files import folder_of
 from ..concepts.kinds.dictionary import ConceptsError
-from .circuit import circuit, faithfulness, faithfulness_over, patching_check, rank_correlation
-from .effects import BASELINES, IG_STEPS, METHODS, Metric
-from .graph import EDGE_SHARE, MOST, SHARE, Circuit, Edge, Node, kept_concepts
+from .circuit import circuit, faithfulness_over, patching_check, prefix_faithfulness, rank_correlation
+from .effects import BASELINES, IG_STEPS, METHODS, METRICS, Metric
+from .graph import EDGE_SHARE, FAITHFUL, MOST, Circuit, Edge, Node
 from .sites import Site, sites_of
 
-__all__ = ["BASELINES", "Circuit", "EDGE_SHARE", "Edge", "IG_STEPS", "METHODS", "MOST", "Metric", "Node", "SHARE",
-           "Site", "circuit", "data_faithfulness", "faithfulness", "faithfulness_over", "kept_concepts",
-           "load_dictionaries", "patching_check", "photo_circuit", "rank_correlation", "sites_of"]
+__all__ = ["BASELINES", "Circuit", "EDGE_SHARE", "Edge", "FAITHFUL", "IG_STEPS", "METHODS", "METRICS", "MOST", "Metric",
+           "Node", "Site", "circuit", "data_faithfulness", "faithfulness_over", "load_dictionaries", "metric_of",
+           "patching_check", "photo_circuit", "prefix_faithfulness", "rank_correlation", "sites_of"]
 
 
 def load_dictionaries(sources: Sequence[str | Path]) -> list[tuple[str, object, Path | None]]:
@@ -53,11 +53,24 @@ def _dictionary(source: str):
     return load(source)
 
 
+def metric_of(kind: str, target: int, contrast: int | None = None) -> Metric:
+    """The metric of a kind of `METRICS` for a class (and a contrast class, which 'contrast' needs and only it
+    takes), refused in words."""
+    if kind not in METRICS:
+        raise ConceptsError(f"The metric is one of {', '.join(METRICS)}, not {kind!r}.")
+    if (kind == "contrast") != (contrast is not None):
+        raise ConceptsError("A contrast class goes with the metric 'contrast' (the class's logit minus the "
+                            "contrast's), and that metric needs one.")
+    return Metric(target, contrast, centred=kind == "logit minus mean")
+
+
 def photo_circuit(loaded, image: Image.Image, *, dictionaries: Sequence[str | Path], target: int | None = None,
-                  contrast: int | None = None, names: bool = True, **settings) -> Circuit:
+                  contrast: int | None = None, metric: str | None = None, names: bool = True,
+                  **settings) -> Circuit:
     """The circuit of one photo through a loaded model with `dictionaries` (sources, in depth order): the target
-    class by default the model's top one; `settings`: `circuit`'s keywords. Concept names from each dictionary's
-    exemplar index where it has one."""
+    class by default the model's top one; the metric (`METRICS`) by default the logit minus the mean logit, or the
+    contrast where one is given; `settings`: `circuit`'s keywords. Concept names from each dictionary's exemplar
+    index where it has one."""
     pixels = loaded.preprocess(image).to(loaded.device)
     with torch.inference_mode():
         trace = loaded.model.trace(pixels, attention=False)
@@ -67,7 +80,8 @@ def photo_circuit(loaded, image: Image.Image, *, dictionaries: Sequence[str | Pa
     found = load_dictionaries(dictionaries)
     sites = sites_of(loaded, trace, [(source, dictionary) for source, dictionary, _ in found],
                      image_size=(image.height, image.width), folders=[folder for _, _, folder in found])
-    return circuit(loaded, pixels, sites, Metric(target, contrast),
+    kind = metric or (METRICS[2] if contrast is not None else METRICS[1])
+    return circuit(loaded, pixels, sites, metric_of(kind, target, contrast),
                    names=[concept_names(site) for site in sites] if names else None, **settings)
 
 

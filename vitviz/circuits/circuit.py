@@ -1,15 +1,25 @@
-"""One photo's circuit through one model: node effects, pruning, edges, and whether the circuit means anything.
+"""One photo's circuit through one model: node effects, the faithful circuit, edges, and what it means.
 
-Faithfulness (Marks et al. 2024). With m(M) the model's metric on the photo, m(∅) the metric with every concept
-of every site at its baseline, and m(C) the metric with every concept outside the circuit C at its baseline (the
-sites patched in depth order, each reading what the patched blocks before it made; the error nodes kept, or all
-at their baseline: `errors`),
+Faithfulness (Marks et al. 2024). With m(M) the model's metric on the photo, m(∅) the metric with every node at its
+baseline (every concept *and* every error node: the paper's convention), and m(C) the metric with every node outside
+the circuit C at its baseline (the sites patched in depth order, each reading what the patched blocks before it
+made),
 
     F(C) = (m(C) - m(∅)) / (m(M) - m(∅))
 
-so F(every node) = 1 and F(no node) = 0 by construction (the tests check both), measured as a curve over the
-circuit's size (the pruning share from 0 to 1) in one batched forward. Completeness is the same ratio with C
-removed and everything else kept: a circuit that holds the mechanism leaves little behind (near 0).
+Where |m(M) - m(∅)| is below `SPREAD` of the photo's logits' standard deviation, the nodes together do not move the
+answer and no ratio means anything: F is None and the circuit's notes say so in a sentence. The variant that keeps
+every error node, in m(∅) and in m(C), is reported beside it, named (`errors_kept`): where the errors carry the
+answer its denominator vanishes, which is why it is not the default.
+
+The faithful circuit. Every node (concepts and error nodes of every site) is ranked by |effect|, largest first,
+across all sites; m is measured for every prefix of that ranking (k = 0 .. N nodes: one batched forward), so F is
+exact at every size, and the circuit is the smallest prefix whose F reaches `faithful` (default 0.6). Completeness
+is the same ratio with C removed and everything else kept: a circuit that holds the mechanism leaves little behind.
+
+What is drawn. Each site's circuit concepts, the strongest `most` one by one and the rest grouped into one node
+("N more concepts", its members listed), and the site's error node (marked when it is not in the circuit): what is
+drawn is the circuit F describes.
 
 Attribution against patching. Attribution patching is a linear estimate; for the strongest nodes the real
 effect, m(x) - m(x with that one node at its baseline), is measured too (one batched forward), and both are
@@ -36,29 +46,30 @@ from .effects import (
     edges_between,
     integrated_gradients,
 )
-from .graph import EDGE_SHARE, INPUT, LOGIT, MOST, SHARE, Circuit, Edge, Node, kept_concepts, node_id
+from .graph import EDGE_SHARE, FAITHFUL, GROUP, INPUT, LOGIT, MOST, Circuit, Edge, Node, group_id, node_id
 from .sites import Site
 
-ERRORS = ("kept", "removed")
-CURVE = 11    # points of the faithfulness curve: shares 0, 0.1, ..., 1
+CURVE = 11    # points of the curve over a data set: 0, 10 %, ..., 100 % of each image's ranked nodes
+SPREAD = 0.1  # |m(M) - m(∅)| below this share of the logits' standard deviation: F is no ratio worth reading
+PREFIXES = 256   # prefixes of the ranking measured in one forward (the model's batch)
 CHECKED = 8   # strongest nodes whose attribution is checked against activation patching
 NOTHING = 1e-6   # of |m| (at least 1): an effect this small is rounding, not a concept's
 
 
 def circuit(loaded, pixels: Tensor, sites: Sequence[Site], metric: Metric, *, baseline: str = "zero",
-            method: str = "atp", steps: int = IG_STEPS, frozen: bool = False, share: float = SHARE,
-            edge_share: float = EDGE_SHARE, most: int = MOST, errors: str = "kept",
+            method: str = "atp", steps: int = IG_STEPS, frozen: bool = False, faithful: float = FAITHFUL,
+            edge_share: float = EDGE_SHARE, most: int = MOST,
             names: Sequence[dict[int, str] | None] | None = None) -> Circuit:
     """The circuit of `metric` on the photo `pixels` (1 3 H W, preprocessed for `loaded`) through `sites` (from
-    `sites_of`, in depth order). `names`: per site, concept -> name for the nodes (default: their numbers)."""
+    `sites_of`, in depth order): the smallest prefix of the nodes ranked by |effect| whose F reaches `faithful`,
+    drawn with at most `most` concepts a site one by one. `names`: per site, concept -> name for the nodes."""
     if method not in METHODS:
         raise ConceptsError(f"The method must be one of {', '.join(METHODS)}, not {method!r}.")
-    if errors not in ERRORS:
-        raise ConceptsError(f"Error nodes are {' or '.join(ERRORS)} when faithfulness is measured, not {errors!r}.")
     if not sites:
         raise ConceptsError("A circuit needs at least one dictionary.")
-    if not 0 <= share <= 1 or not 0 <= edge_share <= 1:
-        raise ConceptsError(f"The shares are from 0 to 1, not {share} and {edge_share}.")
+    if not 0 < faithful <= 1 or not 0 <= edge_share <= 1:
+        raise ConceptsError(f"The faithfulness a circuit must reach is above 0 and at most 1, and the edge share "
+                            f"from 0 to 1, not {faithful} and {edge_share}.")
     labels = loaded.labels
     check_metric(metric, labels)
     value, states = attribution(loaded, pixels, sites, metric, baseline=baseline, frozen=frozen)
@@ -67,22 +78,28 @@ def circuit(loaded, pixels: Tensor, sites: Sequence[Site], metric: Metric, *, ba
         integrated_gradients(loaded, pixels, sites, states, metric, steps=steps, frozen=frozen)
     floor = NOTHING * max(1.0, abs(value))
     host = _read(states, estimates)
-    kept = [kept_concepts(site.effects, share=share, most=most, floor=floor) for site in host]
-    maps, edges = _maps_and_edges(loaded, pixels, sites, states, host, kept, edge_share=edge_share, frozen=frozen)
+    prefixes = prefix_faithfulness(loaded, pixels, sites, host, metric, value=value, baseline=baseline, floor=floor)
+    size, why = prefixes.size(faithful)
+    members = [[int(c) for c in np.argsort(where.concepts) if where.concepts[c] < size] for where in prefixes.positions]
+    drawn, grouped = [m[:most] for m in members], [m[most:] for m in members]
+    maps, edges = _maps_and_edges(loaded, pixels, sites, states, host, drawn, grouped, edge_share=edge_share,
+                                  frozen=frozen)
     nodes = [Node(id=INPUT, kind="input", name="the photo")]
     for s, site in enumerate(sites):
         named = (names[s] if names else None) or {}
-        nodes += [_concept_node(site, host[s], c, maps[s][:, i], named.get(c)) for i, c in enumerate(kept[s])]
-        nodes.append(_error_node(site, host[s]))
+        nodes += [_concept_node(site, host[s], c, maps[s][:, i], named.get(c)) for i, c in enumerate(drawn[s])]
+        if grouped[s]:
+            nodes.append(_group_node(site, host[s], grouped[s], maps[s][:, -1]))
+        nodes.append(_error_node(site, host[s], in_circuit=bool(prefixes.positions[s].error < size)))
     nodes.append(Node(id=LOGIT, kind="logit", name=metric.describe(labels), effect=value))
     result = Circuit(
-        model=loaded.name, metric=metric.describe(labels), target=metric.target, target_label=labels[metric.target],
-        contrast=metric.contrast, contrast_label=None if metric.contrast is None else labels[metric.contrast],
-        value=value, baseline=baseline,
+        model=loaded.name, metric=metric.describe(labels), metric_kind=metric.kind, target=metric.target,
+        target_label=labels[metric.target], contrast=metric.contrast,
+        contrast_label=None if metric.contrast is None else labels[metric.contrast], value=value, baseline=baseline,
         method="attribution patching" if method == "atp" else f"integrated gradients ({steps} steps)",
         attention="held fixed (attention patterns and norm scales are this photo's constants)" if frozen else
         "the model's own (gradients through the attention patterns)",
-        errors=errors, share=share, edge_share=edge_share,
+        faithful=faithful, edge_share=edge_share,
         sites=[_site_record(site, state, on_host) for site, state, on_host in zip(sites, states, host)],
         nodes=nodes, edges=edges, candidates=sum(site.dictionary.n_concepts for site in sites))
     result.notes = [f"Nothing at {block_words(site.block)} moves the answer: what {site.source} reads there is "
@@ -90,17 +107,137 @@ def circuit(loaded, pixels: Tensor, sites: Sequence[Site], metric: Metric, *, ba
                     f"class token alone; a dictionary of its grid cannot change the answer)."
                     for site, on_host in zip(sites, host)
                     if np.abs(on_host.effects).sum() + abs(on_host.error_effect) <= floor]
-    # faithfulness and the check against patching: one batched forward for both
-    faithful, nodes = _faithfulness_masks(host, share=share, most=most, floor=floor, device=pixels.device)
-    patched, strongest = _patching_masks(host, top=CHECKED, device=pixels.device)
-    split = faithful[0].shape[0]
-    errors_kept = torch.ones(split + patched[0].shape[0], len(sites), dtype=torch.bool, device=pixels.device)
-    errors_kept[:split] = errors == "kept"
-    m = metric(ablated(loaded, pixels, sites, [torch.cat(pair) for pair in zip(faithful, patched)],
-                       baseline=baseline, keep_errors=errors_kept)).double().cpu()
-    result.faithfulness = _faithfulness_report(m[:split], nodes, value=value, errors=errors, floor=floor)
-    result.patching = _patching_report(m[split:], strongest, sites, host, value=value)
+    if why:
+        result.notes.append(why)
+    # completeness, the errors-kept variant and the check against patching: one batched forward
+    circuit_kept = [where.concepts < size for where in prefixes.positions]
+    concept_rows = [np.stack([~kept, np.zeros_like(kept), kept]) for kept in circuit_kept]
+    error_rows = np.stack([[where.error >= size for where in prefixes.positions], [True] * len(sites),
+                           [True] * len(sites)])
+    patched, strongest = _patching_masks(host, top=CHECKED)
+    keep = [np.concatenate([rows, more]) for rows, more in zip(concept_rows, patched)]
+    errors = np.concatenate([error_rows, np.ones((len(strongest), len(sites)), dtype=bool)])
+    m = to_host([metric(_ablated_rows(loaded, pixels, sites, keep, errors, baseline=baseline))])[0]
+    result.faithfulness = prefixes.report(size, faithful=faithful, without_circuit=float(m[0]),
+                                          errors_kept=(float(m[1]), float(m[2])))
+    result.patching = _patching_report(m[3:], strongest, sites, host, value=value)
     return result
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where a site's nodes stand in the ranking: each concept's place (`UNRANKED` for one that does nothing) and the
+    error node's."""
+    concepts: np.ndarray   # n
+    error: float
+
+
+UNRANKED = np.inf
+
+
+@dataclass(frozen=True)
+class Prefixes:
+    """m for every prefix of the ranking of all nodes by |effect| (k = 0 .. N), and what F is made of."""
+    positions: list[Position]      # per site
+    m: np.ndarray                  # N + 1: m with the first k nodes kept, every other at its baseline
+    concept_counts: np.ndarray     # N + 1: how many of the first k nodes are concepts
+    effects: np.ndarray            # N: the ranked nodes' |effect|, largest first
+    value: float                   # m(M)
+    spread: float                  # the standard deviation of the photo's logits (over the classes)
+    floor: float
+
+    @property
+    def empty(self) -> float:
+        return float(self.m[0])
+
+    @property
+    def defined(self) -> bool:
+        span = abs(self.value - self.empty)
+        return span > self.floor and span >= SPREAD * self.spread
+
+    def faithfulness(self, m: float) -> float | None:
+        return (m - self.empty) / (self.value - self.empty) if self.defined else None
+
+    def size(self, faithful: float) -> tuple[int, str | None]:
+        """The circuit's number of ranked nodes, and the sentence a reader needs where F cannot choose it."""
+        n = len(self.m) - 1
+        if not self.defined:
+            held = np.cumsum(self.effects) / max(self.effects.sum(), 1e-30)
+            size = min(int(np.searchsorted(held, UNDEFINED_SHARE - 1e-6)) + 1, n)
+            return size, (f"F is undefined here: every node at its baseline moves the metric only from "
+                          f"{self.value:.3g} to {self.empty:.3g}, less than {SPREAD:.0%} of the spread of the "
+                          f"logits ({self.spread:.3g}), so the nodes together do not carry this answer and no share "
+                          f"of it can be measured. Drawn instead: the {size} strongest nodes, holding "
+                          f"{UNDEFINED_SHARE:.0%} of the total |effect|.")
+        f = (self.m - self.empty) / (self.value - self.empty)
+        reached = np.flatnonzero(f >= faithful - 1e-9)
+        if reached.size:
+            return int(reached[0]), None
+        return n, (f"No part of the ranking reaches F = {faithful:.2f}: with every one of the {n} nodes that do "
+                   f"something, F = {f[-1]:.2f} (the rest of the answer is in what the sites leave out or in nodes "
+                   f"too small to rank).")
+
+    def report(self, size: int, *, faithful: float, without_circuit: float, errors_kept: tuple[float, float]) -> dict:
+        """`Circuit.faithfulness`: F and the three values it divides, the metric and the curve at every size."""
+        empty_kept, circuit_kept = errors_kept
+        kept_span = self.value - empty_kept
+        kept_defined = abs(kept_span) > self.floor and abs(kept_span) >= SPREAD * self.spread
+        concepts = int(self.concept_counts[size])
+        return {
+            "value": self.faithfulness(float(self.m[size])), "target": faithful,
+            "full": self.value, "empty": self.empty, "circuit": float(self.m[size]),
+            "completeness": self.faithfulness(without_circuit), "without_circuit": without_circuit,
+            "logit_spread": self.spread, "nodes": size, "concept_nodes": concepts, "error_nodes": size - concepts,
+            "ranked_nodes": len(self.m) - 1, "active_concepts": int(self.concept_counts[-1]),
+            "ablation": "m(∅): every concept and every error node at its baseline (Marks et al.)",
+            "curve": [{"nodes": k, "concept_nodes": int(c), "faithfulness": self.faithfulness(float(m))}
+                      for k, (c, m) in enumerate(zip(self.concept_counts, self.m))],
+            "errors_kept": {"value": (circuit_kept - empty_kept) / kept_span if kept_defined else None,
+                            "empty": empty_kept, "circuit": circuit_kept,
+                            "ablation": "m(∅) with every error node kept, in m(C) too (not the paper's)"}}
+
+
+UNDEFINED_SHARE = 0.8   # of the total |effect|: what is drawn where F cannot choose the size
+
+
+def prefix_faithfulness(loaded, pixels: Tensor, sites: Sequence[Site], host: Sequence[OnHost], metric: Metric, *,
+                        value: float, baseline: str, floor: float) -> Prefixes:
+    """m for every prefix of the ranking of every node (concepts and error nodes of every site, |effect| above
+    `floor`) by |effect|, and the photo's logits' spread, from batched forwards read back at once."""
+    effects = [(abs(float(h.effects[c])), s, int(c)) for s, h in enumerate(host) for c in np.flatnonzero(
+        np.abs(h.effects) > floor)]
+    effects += [(abs(h.error_effect), s, -1) for s, h in enumerate(host) if abs(h.error_effect) > floor]
+    ranked = sorted(effects, key=lambda e: -e[0])   # stable: ties in site, then concept order
+    positions = [Position(concepts=np.full(h.effects.size, UNRANKED), error=UNRANKED) for h in host]
+    for place, (_, s, c) in enumerate(ranked):
+        if c < 0:
+            positions[s] = Position(concepts=positions[s].concepts, error=place)
+        else:
+            positions[s].concepts[c] = place
+    counts = np.arange(len(ranked) + 1)
+    keep = [np.concatenate([where.concepts[None, :] < counts[:, None], np.ones((1, where.concepts.size), bool)])
+            for where in positions]   # every prefix, then everything: the photo through the spliced sites
+    errors = np.concatenate([np.stack([where.error < counts for where in positions], 1),
+                             np.ones((1, len(sites)), bool)])
+    logits = _ablated_rows(loaded, pixels, sites, keep, errors, baseline=baseline)
+    m, spread = to_host([metric(logits[:-1]), logits[-1].float().std()])
+    is_concept = np.array([c >= 0 for _, _, c in ranked], dtype=np.int64)
+    return Prefixes(positions=positions, m=m, concept_counts=np.concatenate([[0], np.cumsum(is_concept)]),
+                    effects=np.array([e for e, _, _ in ranked], dtype=np.float64), value=value, spread=float(spread),
+                    floor=floor)
+
+
+def _ablated_rows(loaded, pixels: Tensor, sites: Sequence[Site], keep: Sequence[np.ndarray], errors: np.ndarray, *,
+                  baseline: str) -> Tensor:
+    """`ablated`'s logits for rows of host masks (per site rows x n, and rows x sites for the errors), `PREFIXES`
+    rows a forward; the results stay on the device until read with the rest."""
+    device = pixels.device
+    out = []
+    for start in range(0, errors.shape[0], PREFIXES):
+        part = slice(start, start + PREFIXES)
+        out.append(ablated(loaded, pixels, sites, [torch.from_numpy(k[part]).to(device) for k in keep],
+                           baseline=baseline, keep_errors=torch.from_numpy(errors[part]).to(device)))
+    return torch.cat(out)
 
 
 @dataclass(frozen=True)
@@ -153,114 +290,95 @@ def _concept_node(site: Site, host: OnHost, concept: int, codes: np.ndarray, nam
                 activation=float(host.activations[concept]), grid=site.grid, map=where, class_token=class_token)
 
 
-def _error_node(site: Site, host: OnHost) -> Node:
+def _group_node(site: Site, host: OnHost, concepts: list[int], codes: np.ndarray) -> Node:
+    where, class_token = _grid_values(site, codes)
+    return Node(id=group_id(site.block), kind=GROUP, name=f"{len(concepts)} more concepts",
+                effect=float(host.effects[concepts].sum()), block=site.block, concepts=concepts,
+                activation=float(host.activations[concepts].sum()), grid=site.grid, map=where, class_token=class_token)
+
+
+def _error_node(site: Site, host: OnHost, *, in_circuit: bool) -> Node:
     where, class_token = _grid_values(site, host.error_map)
     return Node(id=node_id(site.block, None), kind="error", name="error",
                 effect=host.error_effect, block=site.block, activation=host.error_activation, grid=site.grid,
-                map=where, class_token=class_token)
+                map=where, class_token=class_token, in_circuit=in_circuit)
 
 
 def _maps_and_edges(loaded, pixels: Tensor, sites: Sequence[Site], states: Sequence[SiteState],
-                    host: Sequence[OnHost], kept: Sequence[list[int]], *, edge_share: float, frozen: bool
-                    ) -> tuple[list[np.ndarray], list[Edge]]:
-    """Each site's kept concepts' codes at its rows (rows x kept), and the edges: the input's into the first site,
-    each consecutive pair's (pruned by each target's inflow), the last site's into the metric. Every pair's pass
-    is queued before one read of them all."""
-    pending = [state.codes[0][:, concepts] for state, concepts in zip(states, kept)]
+                    host: Sequence[OnHost], drawn: Sequence[list[int]], grouped: Sequence[list[int]], *,
+                    edge_share: float, frozen: bool) -> tuple[list[np.ndarray], list[Edge]]:
+    """Each site's drawn concepts' codes at its rows (rows x drawn, then the group's summed codes where there is a
+    group), and the edges between the drawn nodes: the input's into the first site, each consecutive pair's (pruned
+    by each target's inflow), the last site's into the metric. A group is one node: its edges are its members'
+    summed. Every pair's pass is queued before one read of them all."""
+    def codes_of(state: SiteState, s: int) -> Tensor:
+        codes = state.codes[0]
+        return torch.cat([codes[:, drawn[s]], codes[:, grouped[s]].sum(1, keepdim=True)], 1) if grouped[s] \
+            else codes[:, drawn[s]]
+
+    def targets(s: int) -> list:
+        return [*drawn[s], *([tuple(grouped[s])] if grouped[s] else []), None]
+
+    pending = [codes_of(state, s) for s, state in enumerate(states)]
     for i in range(len(sites) - 1):
         concept_edges, error_edges = edges_between(loaded, pixels, (sites[i], states[i]), (sites[i + 1], states[i + 1]),
-                                                   [*kept[i + 1], None], frozen=frozen)
-        inflow = concept_edges.abs().sum(1) + error_edges.abs()   # from every upstream node, kept or not
-        pending.append(torch.cat([concept_edges[:, kept[i]], error_edges[:, None], inflow[:, None]], 1))
+                                                   targets(i + 1), frozen=frozen)
+        inflow = concept_edges.abs().sum(1) + error_edges.abs()   # from every upstream node, drawn or not
+        sources = [concept_edges[:, drawn[i]]]
+        if grouped[i]:
+            sources.append(concept_edges[:, grouped[i]].sum(1, keepdim=True))
+        pending.append(torch.cat([*sources, error_edges[:, None], inflow[:, None]], 1))
     values = to_host(pending)
     maps, between = values[:len(sites)], values[len(sites):]
-    first, last = sites[0], sites[-1]
-    edges = [Edge(INPUT, node_id(first.block, c), float(host[0].effects[c])) for c in kept[0]]
-    edges.append(Edge(INPUT, node_id(first.block, None), host[0].error_effect))
-    for i, weights in enumerate(between):   # targets x (kept sources, the error, the inflow)
-        sources = [node_id(sites[i].block, c) for c in [*kept[i], None]]
-        for target, (*row, inflow) in zip([*kept[i + 1], None], weights.tolist()):
-            edges += [Edge(source, node_id(sites[i + 1].block, target), weight) for source, weight in zip(sources, row)
+
+    def ids(s: int) -> list[str]:
+        block = sites[s].block
+        return [*(node_id(block, c) for c in drawn[s]), *([group_id(block)] if grouped[s] else []),
+                node_id(block, None)]
+
+    def effects(s: int) -> list[float]:
+        group = [float(host[s].effects[grouped[s]].sum())] if grouped[s] else []
+        return [*(float(host[s].effects[c]) for c in drawn[s]), *group, host[s].error_effect]
+
+    edges = [Edge(INPUT, target, weight) for target, weight in zip(ids(0), effects(0))]
+    for i, weights in enumerate(between):   # targets x (drawn sources, the group, the error, the inflow)
+        for target, (*row, inflow) in zip(ids(i + 1), weights.tolist()):
+            edges += [Edge(source, target, weight) for source, weight in zip(ids(i), row)
                       if inflow > 0 and abs(weight) >= edge_share * inflow]
-    edges += [Edge(node_id(last.block, c), LOGIT, float(host[-1].effects[c])) for c in kept[-1]]
-    edges.append(Edge(node_id(last.block, None), LOGIT, host[-1].error_effect))
+    last = len(sites) - 1
+    edges += [Edge(source, LOGIT, weight) for source, weight in zip(ids(last), effects(last))]
     return maps, edges
-
-
-def faithfulness(loaded, pixels: Tensor, sites: Sequence[Site], states: Sequence[SiteState], metric: Metric, *,
-                 value: float, baseline: str, share: float = SHARE, most: int = MOST, errors: str = "kept",
-                 floor: float = 0.0) -> dict:
-    """F and completeness of the circuit at `share`, and F over the shares 0, 0.1, ..., 1 (with each point's
-    number of concept nodes): one batched forward."""
-    keep, nodes = _faithfulness_masks(_read(states, [state.effects for state in states]), share=share, most=most,
-                                      floor=floor, device=pixels.device)
-    m = metric(ablated(loaded, pixels, sites, keep, baseline=baseline, keep_errors=errors == "kept"))
-    return _faithfulness_report(m.double().cpu(), nodes, value=value, errors=errors, floor=floor)
-
-
-def _faithfulness_masks(host: Sequence[OnHost], *, share: float, most: int, floor: float, device: torch.device
-                        ) -> tuple[list[Tensor], list[int]]:
-    """Per site the concepts kept (points x n): the curve's CURVE shares (every concept each asks for), the circuit
-    drawn, the circuit removed, none; and each curve point's number of concept nodes."""
-    circuits = [[kept_concepts(site.effects, share=s, most=site.effects.size, floor=floor) for site in host]
-                for s in np.linspace(0, 1, CURVE).tolist()]
-    circuits.append([kept_concepts(site.effects, share=share, most=most, floor=floor) for site in host])
-    masks = [[_mask(site.effects.size, concepts) for site, concepts in zip(host, chosen)] for chosen in circuits]
-    masks.append([~mask for mask in masks[-1]])   # the circuit removed, everything else kept
-    masks.append([np.zeros_like(mask) for mask in masks[-1]])   # every concept at its baseline
-    keep = [torch.from_numpy(np.stack([point[s] for point in masks])).to(device) for s in range(len(host))]
-    return keep, [sum(len(c) for c in chosen) for chosen in circuits[:CURVE]]
-
-
-def _faithfulness_report(m: Tensor, nodes: list[int], *, value: float, errors: str, floor: float) -> dict:
-    """The report from the metric of `_faithfulness_masks`' rows."""
-    m = m.tolist()
-    empty = m[-1]
-    span = value - empty
-
-    def ratio(x: float) -> float | None:
-        return None if abs(span) <= max(floor, 1e-9) else (x - empty) / span   # nothing to hold
-
-    return {"value": ratio(m[CURVE]), "completeness": ratio(m[CURVE + 1]), "full": value,
-            "empty": empty, "circuit": m[CURVE], "without_circuit": m[CURVE + 1],
-            "curve": [{"share": round(s, 2), "concept_nodes": n, "faithfulness": ratio(x)}
-                      for s, n, x in zip(np.linspace(0, 1, CURVE).tolist(), nodes, m[:CURVE])],
-            "errors": errors}
-
-
-def _mask(n: int, concepts: list[int]) -> np.ndarray:
-    mask = np.zeros(n, dtype=bool)
-    mask[concepts] = True
-    return mask
 
 
 def patching_check(loaded, pixels: Tensor, sites: Sequence[Site], states: Sequence[SiteState],
                    estimates: Sequence[Tensor], metric: Metric, *, value: float, baseline: str,
                    top: int = CHECKED) -> dict:
     """Attribution patching's estimate against the real effect of taking each of the `top` strongest concept nodes
-    (by the estimate) alone to its baseline, errors kept: one batched forward."""
+    (by the estimate) alone to its baseline, everything else kept: one batched forward."""
     host = _read(states, estimates)
-    keep, strongest = _patching_masks(host, top=top, device=pixels.device)
-    m = metric(ablated(loaded, pixels, sites, keep, baseline=baseline)) if strongest else None
+    keep, strongest = _patching_masks(host, top=top)
+    if not strongest:
+        return _patching_report(None, strongest, sites, host, value=value)
+    errors = np.ones((len(strongest), len(sites)), dtype=bool)
+    m = to_host([metric(_ablated_rows(loaded, pixels, sites, keep, errors, baseline=baseline))])[0]
     return _patching_report(m, strongest, sites, host, value=value)
 
 
-def _patching_masks(host: Sequence[OnHost], *, top: int, device: torch.device
-                    ) -> tuple[list[Tensor], list[tuple[float, int, int]]]:
+def _patching_masks(host: Sequence[OnHost], *, top: int) -> tuple[list[np.ndarray], list[tuple[float, int, int]]]:
     """Per site the concepts kept (top x n): every one but the row's node; the nodes, strongest estimate first."""
     strongest = sorted(((abs(float(site.estimates[c])), s, int(c)) for s, site in enumerate(host)
                         for c in np.flatnonzero(site.estimates)), reverse=True)[:top]
     keep = [np.ones((len(strongest), site.estimates.size), dtype=bool) for site in host]
     for row, (_, s, c) in enumerate(strongest):
         keep[s][row, c] = False
-    return [torch.from_numpy(mask).to(device) for mask in keep], strongest
+    return keep, strongest
 
 
-def _patching_report(m: Tensor | None, strongest: list, sites: Sequence[Site], host: Sequence[OnHost], *,
+def _patching_report(m: np.ndarray | None, strongest: list, sites: Sequence[Site], host: Sequence[OnHost], *,
                      value: float) -> dict:
     if not strongest:
         return {"nodes": [], "attribution": [], "patched": [], "rank_correlation": None}
-    patched = (value - m.double().cpu()).tolist()
+    patched = (value - np.asarray(m, dtype=np.float64)).tolist()
     attributed = [float(host[s].estimates[c]) for _, s, c in strongest]
     return {"nodes": [node_id(sites[s].block, c) for _, s, c in strongest], "attribution": attributed,
             "patched": patched, "rank_correlation": rank_correlation(attributed, patched)}
@@ -287,33 +405,37 @@ def _ranks(x: np.ndarray) -> np.ndarray:
 
 
 def faithfulness_over(loaded, data, sites_for, *, indices: Sequence[int], baseline: str = "zero",
-                      method: str = "atp", steps: int = IG_STEPS, frozen: bool = False, errors: str = "kept",
+                      method: str = "atp", steps: int = IG_STEPS, frozen: bool = False, faithful: float = FAITHFUL,
                       progress: bool = True) -> dict:
-    """The faithfulness curve over a data set: each image's circuit of its model's top class (its nodes; no edges
-    are needed to ablate), its F at each share, and per share the mean over the images whose F is defined (and how
-    many), with the mean completeness at every share. `sites_for(trace, image)` gives an image's sites."""
+    """The faithfulness curve over a data set: each image's ranking of its nodes for its model's top class (logit
+    minus the mean logit), F at 0, 10 %, ..., 100 % of it, and per point the mean over the images whose F is defined
+    (and how many); how many nodes each image's circuit needs to reach `faithful`. `sites_for(trace, image)` gives
+    an image's sites."""
     from tqdm import tqdm
 
-    curves, completeness = [], []
+    curves, sizes = [], []
     for i in tqdm(indices, desc=f"circuits of {loaded.name}", unit="image", disable=not progress):
         image = data.image(i)
         pixels = loaded.preprocess(image).to(loaded.device)
         with torch.inference_mode():
             trace = loaded.model.trace(pixels, attention=False)
         sites = sites_for(trace, image)
-        metric = Metric(int(trace.logits[0].argmax()))
+        metric = Metric(int(trace.logits[0].argmax()), centred=True)
         value, states = attribution(loaded, pixels, sites, metric, baseline=baseline, frozen=frozen)
         if method == "ig":
             integrated_gradients(loaded, pixels, sites, states, metric, steps=steps, frozen=frozen)
-        result = faithfulness(loaded, pixels, sites, states, metric, value=value, baseline=baseline, errors=errors,
-                              floor=NOTHING * max(1.0, abs(value)))
-        curves.append([(point["faithfulness"], point["concept_nodes"]) for point in result["curve"]])
-        completeness.append(result["completeness"])
+        prefixes = prefix_faithfulness(loaded, pixels, sites, _read(states, [state.effects for state in states]),
+                                       metric, value=value, baseline=baseline, floor=NOTHING * max(1.0, abs(value)))
+        n = len(prefixes.m) - 1
+        points = [round(f * n) for f in np.linspace(0, 1, CURVE)]
+        curves.append([(prefixes.faithfulness(float(prefixes.m[k])), k) for k in points])
+        if prefixes.defined:
+            sizes.append(prefixes.size(faithful)[0])
     points = []
-    for k, share in enumerate(np.linspace(0, 1, CURVE).tolist()):
+    for k, fraction in enumerate(np.linspace(0, 1, CURVE).tolist()):
         values = [curve[k][0] for curve in curves if curve[k][0] is not None]
-        points.append({"share": round(share, 2), "faithfulness": float(np.mean(values)) if values else None,
-                       "concept_nodes": float(np.mean([curve[k][1] for curve in curves])), "images": len(values)})
-    defined = [c for c in completeness if c is not None]
-    return {"model": loaded.name, "images": len(curves), "baseline": baseline, "errors": errors, "curve": points,
-            "completeness_at_default_share": float(np.mean(defined)) if defined else None}
+        points.append({"fraction": round(fraction, 2), "faithfulness": float(np.mean(values)) if values else None,
+                       "nodes": float(np.mean([curve[k][1] for curve in curves])), "images": len(values)})
+    return {"model": loaded.name, "images": len(curves), "baseline": baseline, "curve": points,
+            "metric": "the top class's logit minus the mean logit", "target": faithful,
+            "nodes_to_reach_target": float(np.median(sizes)) if sizes else None}

@@ -1,7 +1,8 @@
 """What each node and edge of a circuit does to the answer: attribution patching, integrated gradients, and the
 edges between consecutive sites (Marks et al. 2024, "Sparse feature circuits", arXiv 2403.19647).
 
-The metric m is the target's logit, or its difference to a contrast class. At each site (`sites.py`) the rows it
+The metric m is the target's logit, that minus the mean logit (circuit-tracer's default), or its difference to a
+contrast class. At each site (`sites.py`) the rows it
 reads are rebuilt exactly as decode(z) + ε, and the nodes are the concepts z (one node a concept, its codes summed
 over the rows: where it fires is kept as its map) and the error ε (one node a site). A node taken out is set to its
 baseline: z₀ = 0, ε₀ = 0 ("zero"), or each row's mean over a data set ("mean": `concepts.analysis.means`).
@@ -55,20 +56,31 @@ METHODS = ("atp", "ig")   # attribution patching, integrated gradients
 IG_STEPS = 10             # Marks et al.'s
 
 
+METRICS = ("logit", "logit minus mean", "contrast")
+
+
 @dataclass(frozen=True)
 class Metric:
-    """m = logit[target], or logit[target] - logit[contrast]."""
+    """m = logit[target]; with `centred`, logit[target] - the mean logit (circuit-tracer's default, which a shift
+    of every logit does not move); with a `contrast`, logit[target] - logit[contrast]."""
     target: int
     contrast: int | None = None
+    centred: bool = False
 
     def __call__(self, logits: Tensor) -> Tensor:
         m = logits[:, self.target]
-        return m if self.contrast is None else m - logits[:, self.contrast]
+        if self.contrast is not None:
+            return m - logits[:, self.contrast]
+        return m - logits.mean(1) if self.centred else m
+
+    @property
+    def kind(self) -> str:
+        return METRICS[2] if self.contrast is not None else METRICS[1] if self.centred else METRICS[0]
 
     def describe(self, labels: Sequence[str]) -> str:
-        if self.contrast is None:
-            return f"the logit of {labels[self.target]}"
-        return f"the logit of {labels[self.target]} minus that of {labels[self.contrast]}"
+        if self.contrast is not None:
+            return f"the logit of {labels[self.target]} minus that of {labels[self.contrast]}"
+        return f"the logit of {labels[self.target]}" + (" minus the mean logit" if self.centred else "")
 
 
 def check_metric(metric: Metric, labels: Sequence[str]) -> None:
@@ -77,6 +89,8 @@ def check_metric(metric: Metric, labels: Sequence[str]) -> None:
         if value is not None and not 0 <= value < len(labels):
             raise ConceptsError(f"This model has {len(labels)} classes (0 to {len(labels) - 1}); there is no "
                                 f"{name} {value}.")
+    if metric.contrast is not None and metric.centred:
+        raise ConceptsError("A metric is the logit minus the mean logit or minus a contrast class's, not both.")
     if metric.contrast is not None and metric.contrast == metric.target:
         raise ConceptsError("The contrast class is the target itself: pick another one, or none.")
 
@@ -200,17 +214,21 @@ class _Reached(Exception):
 
 
 def edges_between(loaded, pixels: Tensor, upstream: tuple[Site, SiteState], downstream: tuple[Site, SiteState],
-                  targets: Sequence[int | None], *, frozen: bool = False) -> tuple[Tensor, Tensor]:
-    """The edges into each of `targets` (downstream concept ids; None: the error node) from every upstream node:
-    (len(targets) x n concept edges, len(targets) error edges). The photo's forward up to the upstream site, one
-    copy of it a target from there to the downstream site (where it stops), and one backward."""
+                  targets: Sequence[int | Sequence[int] | None], *, frozen: bool = False) -> tuple[Tensor, Tensor]:
+    """The edges into each of `targets` (a downstream concept id, several standing as one node whose score is their
+    sum, or None: the error node) from every upstream node: (len(targets) x n concept edges, len(targets) error
+    edges). The photo's forward up to the upstream site, one copy of it a target from there to the downstream site
+    (where it stops), and one backward."""
     (up, up_state), (down, down_state) = upstream, downstream
     k = len(targets)
     if None in targets[:-1]:
         raise ValueError("the error node, where it is a target, is the last one")
     codes = up_state.codes.expand(k, *up_state.codes.shape[1:]).clone().requires_grad_(True)
     error = up_state.error.expand(k, *up_state.error.shape[1:]).clone().requires_grad_(True)
-    concept = torch.tensor([c if c is not None else 0 for c in targets], device=codes.device)
+    picks = torch.zeros(k, down_state.codes.shape[-1], device=codes.device, dtype=codes.dtype)
+    for row, target in enumerate(targets):
+        if target is not None:
+            picks[row, list(target) if isinstance(target, Sequence) else target] = 1
     is_error = torch.tensor([c is None for c in targets], device=codes.device)
 
     def edit(index: int, tokens: Tensor) -> Tensor:
@@ -221,8 +239,7 @@ def edges_between(loaded, pixels: Tensor, upstream: tuple[Site, SiteState], down
             if index == down.block:
                 rows = down.rows(tokens)
                 down_codes = down.dictionary.encode(rows)
-                picked = torch.gather(down_codes * down_state.code_gradient, 2,
-                                      concept[:, None, None].expand(k, down_codes.shape[1], 1))[..., 0].sum(1)
+                picked = ((down_codes * down_state.code_gradient).sum(1) * picks).sum(1)
                 # the error node's score from its own copy alone (the last): one decode, not one a copy
                 missed = rows[-1:] - down.dictionary.decode(down_codes[-1:], rows[-1:])
                 scored = (missed * down_state.row_gradient).sum()

@@ -1,52 +1,39 @@
-"""A circuit as data: its nodes and edges, how they are pruned, and the JSON a graph is written as.
+"""A circuit as data: its nodes and edges, and the JSON a graph is written as.
 
-Pruning. Every site's nodes decompose the whole answer on their own (with integrated gradients a site's effects
-add up to m(x) - m(site at baseline)), so the share is taken site by site: a site keeps the fewest concepts, by
-|effect| largest first, whose |effects| add up to `share` of the site's total |concept effect| (at most `most`, none
-that does nothing); its error node is always drawn, so what the dictionary misses stays in view. An edge into a
-node is kept when its |weight| is at least `edge_share` of that node's whole absolute inflow (from every upstream
-node, kept or not). circuit-tracer prunes the same two ways, by cumulative influence on the logits
-(`prune_graph`: node_threshold 0.8, edge_threshold 0.98); here a node's effect is already its influence on m.
+Size. The circuit is the smallest prefix of every node ranked by |effect| across all sites whose faithfulness F
+reaches `FAITHFUL` (`circuit.py`); each site draws its strongest `MOST` circuit concepts one by one and the rest as
+one group node ("N more concepts", `concepts` lists them), beside its error node (`in_circuit` says whether the
+error is one of the circuit's nodes). An edge into a node is kept when its |weight| is at least `edge_share` of that
+node's whole absolute inflow (from every upstream node, in the circuit or not); a group's edges are its members'
+summed. circuit-tracer prunes by cumulative influence on the logits (`prune_graph`: node_threshold 0.8,
+edge_threshold 0.98); here a node's effect is already its influence on m, and the size is set by F itself.
 
-The JSON (one a graph, `Circuit.to_json`): the model, the metric and its value, the baseline, the method, whether
-attention was held fixed, the sites (which dictionary each block's nodes come from), the nodes (id, kind: concept,
-error, input or logit; block, concept number, name, effect, activation, and where it fires: the site's grid and
-the node's value at each of its cells, the class token's apart), the edges (source, target, weight), the
-faithfulness and the check against activation patching, and the graph's size.
+The JSON (one a graph, `Circuit.to_json`): the model, the metric (its words and kind) and its value, the baseline,
+the method, whether attention was held fixed, the sites (which dictionary each block's nodes come from), the nodes
+(id, kind: concept, group, error, input or logit; block, concept number, name, effect, activation, and where it
+fires: the site's grid and the node's value at each of its cells, the class token's apart), the edges (source,
+target, weight), the faithfulness (F, the three values it divides, the curve at every size) and the check against
+activation patching, and the graph's size.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
-import numpy as np
-
-SHARE = 0.8         # of each site's total absolute concept effect
+FAITHFUL = 0.6      # the F the circuit must reach
 EDGE_SHARE = 0.05   # of each node's absolute inflow
-MOST = 12           # concepts a site shows at most: a column a person can read
+MOST = 12           # concepts a site draws one by one: a column a person can read
 DIGITS = 5          # significant digits kept in the JSON
-
-
-def kept_concepts(effects: np.ndarray | Sequence[float], *, share: float = SHARE, most: int = MOST,
-                  floor: float = 0.0) -> list[int]:
-    """The fewest concepts, largest |effect| first, holding `share` of the total |effect| (at most `most`; none
-    whose |effect| is `floor` or less: rounding's size, nothing a concept does). `effects` are on the host."""
-    if not 0 <= share <= 1:
-        raise ValueError(f"share must be from 0 to 1, not {share}")
-    size = np.abs(np.asarray(effects, dtype=np.float64))
-    size[size <= floor] = 0
-    total = size.sum()
-    if share == 0 or total == 0:
-        return []
-    order = np.argsort(-size, kind="stable")   # largest first, ties in concept order
-    held = np.cumsum(size[order]) / total
-    count = int(np.searchsorted(held, share - 1e-6)) + 1   # rounding: not one more
-    return [int(c) for c in order[:min(count, most)] if size[c] > 0]
+GROUP = "group"     # the kind of a site's node standing for its circuit concepts beyond the drawn ones
 
 
 def node_id(block: int, concept: int | None) -> str:
     """'b3/c394' for a concept, 'b3/error' for a site's error node."""
     return f"b{block}/error" if concept is None else f"b{block}/c{concept}"
+
+
+def group_id(block: int) -> str:
+    """'b3/more': a site's group node."""
+    return f"b{block}/more"
 
 
 INPUT, LOGIT = "input", "logit"
@@ -58,7 +45,7 @@ class Node:
     photo (input) or the metric (logit); its effect on the metric, and where it is on the photo (`map` over
     `grid`, the class token's value apart)."""
     id: str
-    kind: str                       # concept, error, input, logit
+    kind: str                       # concept, group, error, input, logit
     name: str
     effect: float | None = None     # on the metric (input, logit: None)
     block: int | None = None
@@ -67,6 +54,8 @@ class Node:
     grid: tuple[int, int] | None = None
     map: list[float] | None = None   # the node on the site's grid (row-major): codes, or the error's effect per row
     class_token: float | None = None  # its value at the class token, where the site reads one
+    concepts: list[int] | None = None  # a group's members
+    in_circuit: bool | None = None   # an error node: whether it is one of the circuit's nodes
 
 
 @dataclass(frozen=True)
@@ -82,6 +71,7 @@ class Circuit:
     """One photo's circuit through one model, pruned, with how faithful it is."""
     model: str
     metric: str
+    metric_kind: str                  # logit, logit minus mean, contrast (`effects.METRICS`)
     target: int
     target_label: str
     contrast: int | None
@@ -90,8 +80,7 @@ class Circuit:
     baseline: str
     method: str
     attention: str                    # held fixed, or the model's own
-    errors: str                       # kept or removed when faithfulness is measured
-    share: float
+    faithful: float                   # the F the circuit was chosen to reach
     edge_share: float
     sites: list[dict]
     nodes: list[Node]
@@ -114,7 +103,7 @@ class Circuit:
 
     @property
     def size(self) -> dict:
-        concepts = sum(n.kind == "concept" for n in self.nodes)
+        concepts = sum(n.kind == "concept" for n in self.nodes) + sum(len(n.concepts or ()) for n in self.nodes)
         return {"nodes": len(self.nodes), "concept_nodes": concepts, "edges": len(self.edges),
                 "concepts_to_choose_from": self.candidates}
 

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from .. import catalog, hub
-from ..circuits import BASELINES, EDGE_SHARE, IG_STEPS, METHODS, SHARE, data_faithfulness, photo_circuit
+from ..circuits import BASELINES, EDGE_SHARE, FAITHFUL, IG_STEPS, METHODS, data_faithfulness, photo_circuit
 from ..circuits.pair import places, shared_nodes, sources_for
 from ..concepts import ConceptsError
 from ..data import open_data, spread
@@ -49,12 +49,15 @@ def class_index(loaded, name: str | None, what: str) -> int | None:
     raise UsageError(f"--{what.split()[0]} {name!r} is not a class of {loaded.name} ({shown}).")
 
 
+METRIC_KINDS = {"minus-mean": "logit minus mean", "logit": "logit"}   # --metric's words -> `circuits.METRICS`
+
+
 def checked(args) -> tuple:
     """Every input, checked before any circuit is computed: (the photo, the loaded models, each one's dictionaries,
     the class names)."""
-    if not 0 < args.share <= 1 or not 0 <= args.edge_share <= 1:
-        raise UsageError(f"--share is from 0 (exclusive) to 1 and --edge-share from 0 to 1, not {args.share} and "
-                         f"{args.edge_share}")
+    if not 0 < args.faithfulness <= 1 or not 0 <= args.edge_share <= 1:
+        raise UsageError(f"--faithfulness is from 0 (exclusive) to 1 and --edge-share from 0 to 1, not "
+                         f"{args.faithfulness} and {args.edge_share}")
     if args.steps < 1:
         raise UsageError(f"--steps must be at least 1, not {args.steps}")
     if args.contrast is not None and args.contrast == args.target:
@@ -94,8 +97,9 @@ def cmd_circuits(args) -> int:
         try:
             circuit = photo_circuit(model, image, dictionaries=chosen, target=class_index(model, target, "class"),
                                     contrast=class_index(model, args.contrast, "contrast class"),
+                                    metric=METRIC_KINDS[args.metric] if args.contrast is None else "contrast",
                                     baseline=args.baseline, method=args.method, steps=args.steps, frozen=args.frozen,
-                                    share=args.share, edge_share=args.edge_share)
+                                    faithful=args.faithfulness, edge_share=args.edge_share)
         except ConceptsError as e:
             raise UsageError(f"{model.name}: {e}") from None
         graphs.append(circuit.to_json())
@@ -105,12 +109,12 @@ def cmd_circuits(args) -> int:
         try:
             curves.append(data_faithfulness(model, data, dictionaries=chosen, indices=spread(len(data), args.limit),
                                             baseline=args.baseline, method=args.method, steps=args.steps,
-                                            frozen=args.frozen))
+                                            frozen=args.frozen, faithful=args.faithfulness))
         except ConceptsError as e:
             raise UsageError(f"{model.name}: {e}") from None
-        print(f"{model.name} over {curves[-1]['images']} images of {data.name}: faithfulness by share "
-              + ", ".join(f"{p['share']:.1f} {p['faithfulness']:.2f} ({p['concept_nodes']:.0f} concepts)"
-                          for p in curves[-1]["curve"] if p["faithfulness"] is not None))
+        print(f"{model.name} over {curves[-1]['images']} images of {data.name}: F by share of each image's ranked "
+              f"nodes " + ", ".join(f"{p['fraction']:.1f} {p['faithfulness']:.2f} ({p['nodes']:.0f} nodes)"
+                                    for p in curves[-1]["curve"] if p["faithfulness"] is not None))
     shared = shared_nodes(graphs)
     if shared[0]:
         print(f"{len(shared[0])} concept(s) of one dictionary across the models are in every circuit (framed green)")
@@ -134,9 +138,11 @@ def report(circuit, sources: list[str]) -> None:
     value = "undefined" if f.get("value") is None else f"{f['value']:.3f}"
     completeness = "undefined" if f.get("completeness") is None else f"{f['completeness']:.3f}"
     print(f"{circuit.model}: {circuit.metric} = {circuit.value:.3f} through {', '.join(sources)}")
-    print(f"  {size['concept_nodes']} of {size['concepts_to_choose_from']:,} concepts, {size['nodes']} nodes, "
-          f"{size['edges']} edges; faithfulness {value}, completeness {completeness} ({circuit.method}, "
-          f"{circuit.baseline} baseline, attention {circuit.attention.split(' (')[0]})")
+    print(f"  F = {value} (m(C) {f['circuit']:.3f}, m(∅) {f['empty']:.3f}, m(M) {f['full']:.3f}) with "
+          f"{f['concept_nodes']} of the {f['active_concepts']} active concepts and {f['error_nodes']} error nodes, "
+          f"the smallest ranked circuit reaching F {f['target']:.2f}; completeness {completeness}; "
+          f"{size['nodes']} nodes drawn, {size['edges']} edges ({circuit.method}, {circuit.baseline} baseline, "
+          f"attention {circuit.attention.split(' (')[0]})")
     strongest = sorted((n for n in circuit.nodes if n.kind == "concept"), key=lambda n: -abs(n.effect))[:SHOWN]
     for node in strongest:
         print(f"  block {node.block + 1:>2}  {node.effect:+.3f}  {node.name}")
@@ -157,6 +163,9 @@ def add_parser(sub) -> None:
     c.add_argument("--out", required=True, help="output folder")
     c.add_argument("--class", dest="target", default=None, metavar="NAME",
                    help="the class whose logit the circuit builds (default: the first model's top class)")
+    c.add_argument("--metric", default="minus-mean", choices=list(METRIC_KINDS),
+                   help="what the circuit builds: the class's logit minus the mean logit (default; circuit-tracer's), "
+                        "or its logit alone; --contrast makes it the logit minus the contrast class's")
     c.add_argument("--contrast", default=None, metavar="NAME", help="a class whose logit is subtracted")
     c.add_argument("--baseline", default="zero", choices=BASELINES,
                    help="what a node taken out is set to: zero, or its mean over a data set (means.safetensors)")
@@ -164,7 +173,9 @@ def add_parser(sub) -> None:
                    help="node effects by attribution patching (atp) or integrated gradients (ig)")
     c.add_argument("--steps", type=int, default=IG_STEPS, help="integrated gradients' steps")
     c.add_argument("--frozen", action="store_true", help="hold attention patterns and norm scales fixed")
-    c.add_argument("--share", type=float, default=SHARE, help="the share of each block's effect its concepts keep")
+    c.add_argument("--faithfulness", type=float, default=FAITHFUL,
+                   help="the F the circuit must reach: the smallest set of nodes, ranked by |effect| across all "
+                        "blocks, that reaches it")
     c.add_argument("--data", default=None, help="also the faithfulness curve over a data set (each image's circuit of "
                                                 "its top class; faithfulness-<model>.json): " + DATA_HELP)
     c.add_argument("--split", default="test", help="the .npz's split to read (default: test)")

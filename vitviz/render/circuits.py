@@ -1,11 +1,13 @@
 """A circuit drawn from its JSON (`vitviz.circuits`, `Circuit.to_json`): blocks as columns, the photo on the left and
 the answer on the right, each node a small picture of where it fires on the photo, edges as lines.
 
-Columns: the photo (the input node), then each site in depth order (its concept nodes, strongest first, and its error
-node last), then the metric (the logit node). Each node is the photo with its map over the site's grid (`cell_overlay`,
+Columns: the photo (the input node), then each site in depth order (its concept nodes, strongest first, the group of
+its other circuit concepts where there is one, and its error node last), then the metric (the logit node). Each
+node is the photo with its map over the site's grid (`cell_overlay`,
 on its own scale: where the concept fires, not how strongly against the others), its number and effect on the
 metric under it (red for the answer, blue against), then its name. An error node (what the dictionary misses: its
-map is its effect at each cell, drawn as |effect|) has a dashed frame; a node both models share (a dictionary across
+map is its effect at each cell, drawn as |effect|) has a dashed frame, a group node (several concepts as one: their
+codes summed) a double one; a node both models share (a dictionary across
 them) a green one; the node picked a yellow one. An edge's width follows its |weight| on one scale for the whole graph
 (its effect on the metric), its colour its sign. Edges run between consecutive columns only, as the graph's do: each
 leaves its node at the tile's right edge, runs level to the column's edge, crosses the gap, and enters the next tile
@@ -62,8 +64,8 @@ def columns_of(graph: Mapping) -> list[tuple[str, list[Mapping]]]:
     for site in graph["sites"]:
         here = [n for n in nodes if n.get("block") == site["block"]]
         header = f"block {site['block'] + 1}" + (" (across)" if site["across"] else "")
-        concepts, errors = ([n for n in here if n["kind"] == kind] for kind in ("concept", "error"))
-        columns.append((header, concepts + errors))
+        concepts, groups, errors = ([n for n in here if n["kind"] == kind] for kind in ("concept", "group", "error"))
+        columns.append((header, concepts + groups + errors))
     columns.append(("answer", [n for n in nodes if n["kind"] == "logit"]))
     return columns
 
@@ -73,7 +75,7 @@ def title_lines(graph: Mapping) -> list[str]:
     f, size = graph.get("faithfulness") or {}, graph["size"]
     numbers = [f"F {f['value']:.2f}" if f.get("value") is not None else "F undefined",
                f"completeness {f['completeness']:.2f}" if f.get("completeness") is not None else None,
-               f"{size['concept_nodes']} concepts, {size['edges']} edges"]
+               f"{size['concept_nodes']} of {f.get('active_concepts', '?')} active concepts, {size['edges']} edges"]
     return [f"{graph['model']}: {graph['metric']} = {graph['value']:.2f}", ", ".join(n for n in numbers if n)]
 
 
@@ -143,7 +145,9 @@ def node_words(node: Mapping) -> tuple[str, str]:
         return f"{node['effect']:.2f}", ""
     effect = f"{node['effect']:+.2f}"
     if node["kind"] == "error":
-        return f"error {effect}", ""
+        return f"error {effect}", "" if node.get("in_circuit", True) else "outside the circuit"
+    if node["kind"] == "group":
+        return f"+{len(node['concepts'])} {effect}", "more concepts"
     number = f"#{node['concept']}"
     name = node["name"]
     return f"{number} {effect}", name[len(number):].strip() if name.startswith(number) else ""
@@ -234,6 +238,9 @@ def circuit_graph(graph: Mapping, canvas: Canvas, places: Mapping[int, tuple[int
             cv2.rectangle(out, framed[:2], framed[2:], SHARED, 3)
         elif node["kind"] == "error":
             dashed_rectangle(out, framed, MUTED, 2)
+        elif node["kind"] == "group":
+            cv2.rectangle(out, framed[:2], framed[2:], FRAME, 1)
+            cv2.rectangle(out, (framed[0] - 4, framed[1] - 4), (framed[2] + 4, framed[3] + 4), FRAME, 1)
         else:
             cv2.rectangle(out, framed[:2], framed[2:], FRAME, 1)
         head, name = node_words(node)
@@ -282,10 +289,11 @@ def legend(out: np.ndarray, *, shared: bool) -> None:
         x += 36 + INK.text_size(words, 0.9)[0] + 28
 
 
-def circuit_faithfulness(faithfulness: Mapping[str, Mapping], *, share: float) -> np.ndarray:
-    """Each model's faithfulness F against the share of each block's effect kept (model -> its circuit's
-    `faithfulness`): the curve keeps every concept the share asks for; the star is the circuit drawn, at `share`
-    with at most its column's concepts a block."""
+def circuit_faithfulness(faithfulness: Mapping[str, Mapping]) -> np.ndarray:
+    """Each model's faithfulness F against the circuit's size (model -> its circuit's `faithfulness`): F for every
+    prefix of the model's nodes ranked by |effect|, as a share of them (models rank different numbers of nodes);
+    the star is the circuit drawn, the smallest prefix reaching the target (the dashed level). F is drawn from -1 to
+    2: beyond, a ratio is dominated by a small denominator."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(8.4, 3.0), dpi=100)
@@ -293,21 +301,25 @@ def circuit_faithfulness(faithfulness: Mapping[str, Mapping], *, share: float) -
     for k, (name, measured) in enumerate(faithfulness.items()):
         colour = PLOT_COLOURS[k % len(PLOT_COLOURS)]
         curve = measured.get("curve") or []
-        points = [(p["share"], p["faithfulness"]) for p in curve if p["faithfulness"] is not None]
+        ranked = max(measured.get("ranked_nodes") or 0, 1)
+        points = [(p["nodes"] / ranked, p["faithfulness"]) for p in curve if p["faithfulness"] is not None]
         if points:
-            ax.plot(*zip(*points), marker="o", ms=3, lw=1.6, color=colour,
-                    label=f"{name} ({curve[-1]['concept_nodes']} concepts at share 1)")
+            ax.plot(*zip(*points), lw=1.6, color=colour, label=f"{name} ({ranked} nodes ranked)")
         if measured.get("value") is not None:
-            ax.plot([share], [measured["value"]], marker="*", ms=13, color=colour, mec="black", mew=0.6,
-                    ls="none", label=f"{name}: the circuit drawn, F {measured['value']:.2f}")
-    ax.axvline(share, color="0.4", lw=1, ls="--")
+            ax.plot([measured["nodes"] / ranked], [measured["value"]], marker="*", ms=13, color=colour, mec="black",
+                    mew=0.6, ls="none", label=f"{name}: the circuit drawn, {measured['nodes']} nodes, "
+                                              f"F {measured['value']:.2f}")
+    targets = {m.get("target") for m in faithfulness.values() if m.get("target") is not None}
+    for target in targets:
+        ax.axhline(target, color="0.4", lw=1, ls="--")
     for level in (0, 1):
         ax.axhline(level, color="0.7", lw=0.8)
-    ax.set_xlabel("share of each block's effect kept (the circuit's size)", fontsize=9)
+    ax.set_xlabel("share of the ranked nodes kept, strongest |effect| first (the circuit's size)", fontsize=9)
     ax.set_ylabel("faithfulness F", fontsize=9)
-    ax.set_title("F = (m(circuit) - m(none)) / (m(model) - m(none)): 1, the circuit alone gives the answer",
+    ax.set_title("F = (m(circuit) - m(∅)) / (m(model) - m(∅)), ∅: every concept and error node at its baseline",
                  fontsize=9)
     ax.set_xlim(0, 1)
+    ax.set_ylim(-1.05, 2.05)
     ax.tick_params(labelsize=8)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1), frameon=False)

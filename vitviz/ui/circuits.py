@@ -2,8 +2,9 @@
 side. Each model's concept dictionaries at several depths are spliced into it (`vitviz.circuits`); a node is a
 concept (where it fires on the photo) or a block's error (what its dictionary misses), its effect what it adds to
 the class's logit, an edge how much one node moves the next. The class (by default the left model's top one), a
-contrast class, the baseline, the method and whether attention is held fixed are the page's; the share of each
-block's effect kept sizes the circuit. A click on a node, or the list, opens its card: its map, its top images,
+contrast class, the baseline, the method and whether attention is held fixed are the page's; the circuit is the
+smallest set of nodes whose faithfulness F reaches the page's target (`circuits.circuit`). A click on a node, or
+the list, opens its card: its map, its top images,
 how often it fires, its strongest inputs and outputs, what removing it does to the prediction, and what it looks
 like (`pictures.py`: shipped beside its dictionary, or drawn here by "Draw this concept").
 
@@ -19,6 +20,7 @@ from typing import NamedTuple
 import gradio as gr
 import numpy as np
 
+from ..circuits import FAITHFUL
 from ..render.circuits import ERROR_CMAP, circuit_faithfulness, circuit_graph, graph_layout, node_at
 from ..render.concepts import cell_overlay, concept_card, exemplar_layout, photo_side
 from ..session import ModelRun
@@ -32,13 +34,17 @@ WORDS = ("**Which concepts build each answer, block by block.** Each model's con
          "what its dictionary misses); the number under it is what it adds to the class's logit (red for, blue "
          "against). An edge is how much one node moves the next, its width its size. Click a node, or pick it "
          "from the list, for its card (a graph's corner button shows it full size). *Faithfulness* F: how much of "
-         "the answer the circuit alone gives (1 all of it, 0 no more than every concept at its baseline).")
+         "the answer the circuit alone gives (1 all of it, 0 no more than every concept and error node at its "
+         "baseline); each circuit is the smallest set of nodes, strongest first across all blocks, reaching the "
+         "F asked for, and a block's circuit concepts beyond the 12 drawn one by one are one node, \"N more "
+         "concepts\". The metric is the class's logit minus the mean logit, or minus the contrast class's.")
 WAITING = "Press **Explain** first: this panel reads both models on the image."
 TOP, NONE = "", ""   # the class box's value for the left model's top class; the contrast box's for none
+OWN = "each model's own"   # the class box's value for each model's own top class
 BASELINES = [("zero", "zero"), ("the data set's mean", "mean")]
 METHODS = [("attribution patching (one backward pass)", "atp"), ("integrated gradients (10 steps)", "ig")]
 SIDES = ("left", "right")
-SHARE, SHARE_RANGE = 0.8, (0.1, 1.0)
+FAITHFUL_RANGE = (0.1, 1.0)
 
 
 class Shown(NamedTuple):
@@ -63,44 +69,49 @@ class Card(NamedTuple):
 def class_box(key) -> tuple[gr.Dropdown, gr.Dropdown]:
     """The class and contrast boxes for a new Explain: the left model's classes (the first classifier's)."""
     labels = next((list(run.loaded.labels) for run in runs(key) if run.has_classifier), [])
-    return (gr.Dropdown(choices=[("the left model's top class", TOP), *labels], value=TOP),
+    return (gr.Dropdown(choices=[("the left model's top class", TOP), ("each model's own top class", OWN), *labels],
+                        value=TOP),
             gr.Dropdown(choices=[("none", NONE), *labels], value=NONE))
 
 
-def asked_for(runs_: list[ModelRun], target, contrast, baseline, method, frozen, share) -> tuple:
-    """The choices, checked, as the key of the session's reading: (target class, contrast class or None, baseline,
-    method, frozen, share); the target by default the left model's top class (the first classifier's)."""
+def asked_for(runs_: list[ModelRun], target, contrast, baseline, method, frozen, faithful) -> tuple:
+    """The choices, checked, as the key of the session's reading: (target class or `OWN`, contrast class or None,
+    baseline, method, frozen, the F to reach); the target by default the left model's top class (the first
+    classifier's)."""
     if baseline not in dict((v, k) for k, v in BASELINES):
         raise gr.Error(f"The baseline is zero or mean, not {baseline!r}.")
     if method not in dict((v, k) for k, v in METHODS):
         raise gr.Error(f"The method is atp (attribution patching) or ig (integrated gradients), not {method!r}.")
-    if share is None or not SHARE_RANGE[0] <= float(share) <= SHARE_RANGE[1]:
-        raise gr.Error(f"The circuit's size is a share of each block's effect from {SHARE_RANGE[0]} to "
-                       f"{SHARE_RANGE[1]}, not {share}.")
+    if faithful is None or not FAITHFUL_RANGE[0] <= float(faithful) <= FAITHFUL_RANGE[1]:
+        raise gr.Error(f"The faithfulness a circuit must reach is from {FAITHFUL_RANGE[0]} to {FAITHFUL_RANGE[1]}, "
+                       f"not {faithful}.")
     classifiers = [run for run in runs_ if run.has_classifier]
     if not classifiers:
         raise gr.Error("Neither model has a classifier (self-supervised): a circuit builds a class's logit.")
     labels = set(label for run in classifiers for label in run.loaded.labels)
     target = (target or "").strip() or classifiers[0].top(1)[0].label
     contrast = (contrast or "").strip() or None
-    for name, value in (("class", target), ("contrast class", contrast)):
+    if target == OWN and contrast is not None:
+        raise gr.Error("A contrast class goes with one class for both models: pick a class, or no contrast.")
+    for name, value in (("class", None if target == OWN else target), ("contrast class", contrast)):
         if value is not None and value not in labels:
             raise gr.Error(f"Neither model has the {name} {value!r}: pick one of {', '.join(sorted(labels)[:12])}"
                            f"{', ...' if len(labels) > 12 else ''}.")
     if contrast == target:
         raise gr.Error("The contrast class is the class itself: pick another one, or none.")
-    return target, contrast, baseline, method, bool(frozen), round(float(share), 2)
+    return target, contrast, baseline, method, bool(frozen), round(float(faithful), 2)
 
 
 def readings(key, asked: tuple, progress=None) -> list[gpu.CircuitReading | str]:
     """Both models' circuits for the choices `asked` (`asked_for`'s): one `gpu.read_circuits` call the first time,
     kept in the session."""
     kept = session(key)
-    target, contrast, baseline, method, frozen, share = asked
+    target, contrast, baseline, method, frozen, faithful = asked
 
     def compute():
-        return gpu.read_circuits(kept.names, kept.picture, target, contrast, baseline=baseline, method=method,
-                            frozen=frozen, share=share, progress=progress)
+        return gpu.read_circuits(kept.names, kept.picture, None if target == OWN else target, contrast,
+                                 baseline=baseline, method=method, frozen=frozen, faithful=faithful,
+                                 progress=progress)
     return kept.reading(("circuits", *asked), compute)
 
 
@@ -140,19 +151,34 @@ def model_words(run: ModelRun, found: gpu.CircuitReading | str) -> str:
     blocks = ", ".join(str(site["block"] + 1) for site in c.sites)
     words = [f"**{run.name}**: {c.metric} = {c.value:.2f}, through {len(c.sites)} dictionar"
              f"{'y' if len(c.sites) == 1 else 'ies'} (block{'s' * (len(c.sites) > 1)} {blocks}: "
-             f"{', '.join(found.sources)}); the circuit keeps {size['concept_nodes']} of "
-             f"{size['concepts_to_choose_from']:,} concepts and {size['edges']} edges"]
-    if f.get("value") is None:
-        words.append("faithfulness is undefined (every concept at its baseline leaves the answer as it is)")
-    else:
-        words.append(f"faithfulness **F = {f['value']:.2f}**, completeness {f['completeness']:.2f} (the model with "
-                     f"the circuit removed: near 0 is good)")
+             f"{', '.join(found.sources)}); the circuit holds {f['concept_nodes']} of the {f['active_concepts']} "
+             f"active concepts and {f['error_nodes']} error node{'s' * (f['error_nodes'] != 1)} "
+             f"({size['edges']} edges drawn)"]
+    if f.get("value") is not None:
+        completeness = "" if f["completeness"] is None else (
+            f", completeness {f['completeness']:.2f} (the model with the circuit removed: near 0 is good)")
+        words.append(f"faithfulness **F = {f['value']:.2f}** = (m(C) {f['circuit']:.2f} - m(∅) {f['empty']:.2f}) / "
+                     f"(m(M) {f['full']:.2f} - m(∅)), every node outside it at its baseline, error nodes too"
+                     f"{completeness}")
     rho = (c.patching or {}).get("rank_correlation")
     if rho is not None:
         words.append(f"attribution patching ranks its {len(c.patching['nodes'])} strongest nodes as patching each "
                      f"alone does with a rank correlation of {rho:.2f}")
     words.append(f"{c.method}, {c.baseline} baseline; attention: {c.attention}")
     return " ".join(["; ".join(words) + ".", *c.notes])
+
+
+def disagreement(runs_: list[ModelRun], target: str) -> str:
+    """Where the models' top classes differ and both circuits build one class: a line saying so, and how to see each
+    model's own."""
+    classifiers = [run for run in runs_ if run.has_classifier]
+    tops = [run.top(1)[0] for run in classifiers]
+    if len(tops) < 2 or len({top.label for top in tops}) == 1 or target == OWN:
+        return ""
+    said = ", ".join(f"{SIDES[runs_.index(run)]} ({run.name}) says {top.label} ({top.prob:.0%})"
+                     for run, top in zip(classifiers, tops))
+    return (f"**The models disagree**: {said}; both circuits build {target}, so one of them explains a class it does "
+            f"not pick. Choose *each model's own top class* in the class box to see each one's own answer.")
 
 
 def shared_words(found: list[gpu.CircuitReading | str], shared: list[set[str]]) -> str:
@@ -182,22 +208,23 @@ def picker_choices(runs_: list[ModelRun], graphs: list[dict | None]) -> list[tup
     return choices
 
 
-def render_circuits(key, target=TOP, contrast=NONE, baseline="zero", method="atp", frozen=False, share=SHARE,
+def render_circuits(key, target=TOP, contrast=NONE, baseline="zero", method="atp", frozen=False, faithful=FAITHFUL,
                     progress=gr.Progress()) -> Shown:
     """Both models' circuits for one class (a GPU call the first time for these choices; kept afterwards): the
     words, the two graphs, the faithfulness curves and the node box (nothing picked)."""
     if key is None:
         return Shown(WAITING, None, None, None, gr.Dropdown(choices=[], value=None), None, "", None)
     runs_ = runs(key)
-    asked = asked_for(runs_, target, contrast, baseline, method, frozen, share)
+    asked = asked_for(runs_, target, contrast, baseline, method, frozen, faithful)
     found = readings(key, asked, progress=progress)
     graphs = graphs_of(found)
     shared = shared_of(graphs)
     pictures = [graph_picture(run, graph, mine) for run, graph, mine in zip(runs_, graphs, shared)]
     curves = {run.name: graph["faithfulness"] for run, graph in zip(runs_, graphs) if graph}
-    lines = [model_words(run, reading) for run, reading in zip(runs_, found)] + [shared_words(found, shared)]
+    lines = [disagreement(runs_, asked[0]), *(model_words(run, reading) for run, reading in zip(runs_, found)),
+             shared_words(found, shared)]
     return Shown("\n\n".join(line for line in lines if line), *pictures,
-                 circuit_faithfulness(curves, share=asked[-1]) if curves else None,
+                 circuit_faithfulness(curves) if curves else None,
                  gr.Dropdown(choices=picker_choices(runs_, graphs), value=None), None, "", asked)
 
 
@@ -346,11 +373,11 @@ def after_explain(key) -> tuple:
     return (*class_box(key), *Shown("", None, None, None, gr.Dropdown(choices=[], value=None), None, "", None))
 
 
-def circuits_if_open(key, target, contrast, baseline, method, frozen, share, is_open: bool,
+def circuits_if_open(key, target, contrast, baseline, method, frozen, faithful, is_open: bool,
                      progress=gr.Progress()) -> Shown:
     if not is_open:
         return Shown(*(gr.skip(),) * len(Shown._fields))
-    return render_circuits(key, target, contrast, baseline, method, frozen, share, progress=progress)
+    return render_circuits(key, target, contrast, baseline, method, frozen, faithful, progress=progress)
 
 
 @dataclass
@@ -369,9 +396,9 @@ def layout(page: Page) -> CircuitsTab:
             contrast = gr.Dropdown([("none", NONE)], value=NONE, allow_custom_value=True, label="contrast class",
                                    info="optional: the class's logit minus this one's", min_width=180,
                                    elem_id="circuits-contrast")
-            share = gr.Slider(*SHARE_RANGE, value=SHARE, step=0.05, label="circuit size",
-                              info="the share of each block's effect its concepts keep", min_width=220,
-                              elem_id="circuits-share")
+            faithful = gr.Slider(*FAITHFUL_RANGE, value=FAITHFUL, step=0.05, label="faithfulness to reach",
+                                 info="the circuit: the fewest nodes, strongest first, whose F reaches this",
+                                 min_width=220, elem_id="circuits-faithfulness")
             draw = gr.Button("Draw the circuits", variant="primary", scale=0, min_width=160, elem_id="circuits-draw")
         with gr.Row(equal_height=False):
             with gr.Column(min_width=220):
@@ -401,13 +428,13 @@ def layout(page: Page) -> CircuitsTab:
 
     with tab:   # not among the top-level Tabs' children, which Gradio's frontend counts as its tabs' indices
         is_open, asked = gr.State(False), gr.State(None)
-    choices = [target, contrast, baseline, method, frozen, share]
+    choices = [target, contrast, baseline, method, frozen, faithful]
     outputs = [note, graph_a, graph_b, curves, picker, card, words, asked]
     draw.click(as_files(render_circuits), inputs=[key, *choices], outputs=outputs, api_name="circuit",
                **MODEL_EVENTS)
     tab.select(as_files(render_circuits), inputs=[key, *choices], outputs=outputs, api_name=None, **MODEL_EVENTS,
                **HIDDEN)
-    for control in (target.input, contrast.input, baseline.input, method.input, frozen.input, share.release):
+    for control in (target.input, contrast.input, baseline.input, method.input, frozen.input, faithful.release):
         control(as_files(render_circuits), inputs=[key, *choices], outputs=outputs, api_name=None, **MODEL_EVENTS,
                 **HIDDEN)
     card_outputs = [card, words, graph_a, graph_b, draw_concept]

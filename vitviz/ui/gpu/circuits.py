@@ -13,6 +13,7 @@ import gradio as gr
 import torch
 from PIL import Image
 
+from ...circuits.graph import FAITHFUL
 from ...gate import MODEL_GATE
 from ...session import ModelRun
 from .boundary import gpu, loading_seconds, models_of
@@ -115,10 +116,11 @@ def circuit_seconds(names, picture, target, contrast=None, *, method: str = "atp
 
 
 @gpu(duration=circuit_seconds)
-def read_circuits(names: list[str], picture: Image.Image, target: str, contrast: str | None = None, *,
-             baseline: str = "zero", method: str = "atp", frozen: bool = False, share: float = 0.8,
-             progress=None) -> list[CircuitReading | str]:
-    """Each model's circuit of class `target` (minus `contrast`; class names: every model's own index) on the
+def read_circuits(names: list[str], picture: Image.Image, target: str | None, contrast: str | None = None, *,
+                  baseline: str = "zero", method: str = "atp", frozen: bool = False, faithful: float = FAITHFUL,
+                  progress=None) -> list[CircuitReading | str]:
+    """Each model's circuit of class `target` (None: each model's own top class; minus `contrast`, or else minus the
+    mean logit; class names: every model's own index) on the
     photo `picture`, through its default dictionaries (`pair.sources_for`: three depths and the last block, the
     bundled pair's dictionary across both in place of its own at its block): per model a `CircuitReading`, or why
     it has none, in words. `progress(fraction, description)` hears each model start."""
@@ -151,9 +153,10 @@ def read_circuits(names: list[str], picture: Image.Image, target: str, contrast:
             continue
         try:
             with MODEL_GATE():
-                circuit = photo_circuit(model, picture, dictionaries=chosen, target=labels.index(target),
+                circuit = photo_circuit(model, picture, dictionaries=chosen,
+                                        target=None if target is None else labels.index(target),
                                         contrast=None if contrast is None else labels.index(contrast),
-                                        baseline=baseline, method=method, frozen=frozen, share=share)
+                                        baseline=baseline, method=method, frozen=frozen, faithful=faithful)
                 pixels = model.preprocess(picture).to(model.device)
                 with torch.inference_mode():
                     run = ModelRun(model, picture, pixels=pixels, trace=model.model.trace(pixels, attention=False))
