@@ -407,3 +407,41 @@ def test_the_bundled_circuit_sets_with_the_mean_baseline():
             errors[0, s] = False
             at_mean = float(metric(ablated(loaded, pixels, sites, keep, baseline="mean", keep_errors=errors))[0])
             assert site["concept_effect"] + site["error_effect"] == pytest.approx(graph.value - at_mean, abs=1e-3)
+
+
+def test_the_viewers_file_holds_every_field_circuit_tracer_writes_and_links_that_resolve(toy):
+    """`--format neuronpedia`: circuit-tracer's graph file (`frontend/graph_models.py`: Metadata, QParams, Node, Link)
+    field by field, each node's id in its "layer_feature_position" form, every link between nodes it holds."""
+    from vitviz.circuits.neuronpedia import cantor, neuronpedia_graph
+
+    loaded, sites, pixels = toy
+    graph = circuit(loaded, pixels, sites, Metric(1), faithful=1.0, most=2).to_json()
+    viewer = neuronpedia_graph(graph, depth=2, prompt="toy.png", probability=0.5, dictionaries=["one", "two"])
+    assert set(viewer) == {"metadata", "qParams", "nodes", "links"}
+    assert viewer["metadata"] == {"slug": "toy-toy.png", "scan": "toy", "transcoder_list": ["one", "two"],
+                                  "prompt_tokens": ["<photo>"], "prompt": "toy.png", "node_threshold": None,
+                                  "schema_version": 1}
+    assert set(viewer["qParams"]) == {"pinnedIds", "supernodes", "linkType", "clickedId", "sg_pos"}
+    fields = {"node_id": str, "feature": int, "layer": str, "ctx_idx": int, "feature_type": str, "token_prob": float,
+              "is_target_logit": bool, "run_idx": int, "reverse_ctx_idx": int, "jsNodeId": str, "clerp": str}
+    by_id = {}
+    for node in viewer["nodes"]:
+        assert all(isinstance(node[name], kind) for name, kind in fields.items()), node
+        layer, feature, position = node["node_id"].split("_")
+        assert position == "0" and layer == node["layer"]
+        by_id[node["node_id"]] = node
+    for node in graph["nodes"]:
+        if node["kind"] == "concept":
+            mine = by_id[f"{node['block']}_{node['concept']}_0"]
+            assert mine["feature"] == cantor(node["block"], node["concept"]) and mine["clerp"] == node["name"]
+            assert mine["feature_type"] == "cross layer transcoder" and mine["activation"] == node["activation"]
+        elif node["kind"] == "error":
+            assert by_id[f"{node['block']}_-1_0"]["feature_type"] == "mlp reconstruction error"
+        elif node["kind"] == "group":
+            assert by_id[f"{node['block']}_-2_0"]["clerp"].endswith(", ".join(f"#{c}" for c in node["concepts"]))
+    assert by_id["E_0_0"]["feature_type"] == "embedding"
+    logit = by_id["3_1_0"]
+    assert logit["is_target_logit"] and logit["token_prob"] == 0.5 and logit["feature_type"] == "logit"
+    assert len(viewer["links"]) == len(graph["edges"])
+    assert all(link["source"] in by_id and link["target"] in by_id for link in viewer["links"])
+    assert [link["weight"] for link in viewer["links"]] == [edge["weight"] for edge in graph["edges"]]

@@ -11,9 +11,11 @@ from PIL import Image
 import vitviz
 from vitviz import catalog, cli
 from vitviz.circuits import photo_circuit
+from vitviz.circuits.neuronpedia import neuronpedia_graph
 from vitviz.circuits.pair import default_sources, sources_for
 from vitviz.concepts import ConceptsError
 from vitviz.render.circuits import graph_layout
+from vitviz.session import ModelRun
 
 ROOT = Path(__file__).resolve().parents[1]
 PHOTO = ROOT / "assets" / "cat_chelsea.jpg"
@@ -30,11 +32,10 @@ def run(*args: str) -> int:
 def test_the_command_writes_each_models_graph_and_picture_for_the_class_asked(tmp_path, capsys):
     out = tmp_path / "circuits"
     assert run(str(PHOTO), "--models", *PAIR, "--dictionaries", *DICTIONARIES, "--class", "dog", "--faithfulness",
-               "0.7",
-               "--out", str(out)) == 0
+               "0.7", "--format", "neuronpedia", "--out", str(out)) == 0
     printed = capsys.readouterr().out
     written = sorted(p.name for p in out.iterdir())
-    assert written == sorted(f"circuit-{m}.{ext}" for m in PAIR for ext in ("json", "png"))
+    assert written == sorted(f"circuit-{m}.{ext}" for m in PAIR for ext in ("json", "png", "neuronpedia.json"))
     image = Image.open(PHOTO).convert("RGB")
     for name, sources in zip(PAIR, (["vit-cifar10-middle", "vit-cifar10-last"], ["cvt-cifar10-last"])):
         graph = json.loads((out / f"circuit-{name}.json").read_text())
@@ -42,6 +43,11 @@ def test_the_command_writes_each_models_graph_and_picture_for_the_class_asked(tm
         reference = photo_circuit(loaded, image, dictionaries=sources, target=loaded.labels.index("dog"), faithful=0.7)
         assert graph == json.loads(json.dumps(reference.to_json()))   # the JSON round trip: tuples become lists
         assert graph["target_label"] == "dog" and [s["dictionary"] for s in graph["sites"]] == sources
+        viewer = json.loads((out / f"circuit-{name}.neuronpedia.json").read_text())
+        explained = ModelRun(loaded, image)
+        assert viewer == json.loads(json.dumps(neuronpedia_graph(
+            graph, depth=len(explained.trace.blocks), prompt=PHOTO.name, dictionaries=sources,
+            probability=float(explained.trace.logits[0].softmax(-1)[graph["target"]]))))
         picture = np.asarray(Image.open(out / f"circuit-{name}.png"))
         assert picture.shape == (*graph_layout(graph).size, 3) and picture.std() > 10
         f = graph["faithfulness"]

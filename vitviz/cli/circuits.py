@@ -12,6 +12,7 @@ from pathlib import Path
 
 from .. import catalog, hub
 from ..circuits import BASELINES, EDGE_SHARE, FAITHFUL, IG_STEPS, METHODS, data_faithfulness, photo_circuit
+from ..circuits.neuronpedia import neuronpedia_graph
 from ..circuits.pair import places, shared_nodes, sources_for
 from ..concepts import ConceptsError
 from ..data import open_data, spread
@@ -27,6 +28,11 @@ SHOWN = 5   # the strongest concept nodes printed per model
 def file_names(model: str) -> tuple[str, str]:
     """The graph's JSON and its picture, for one model."""
     return f"circuit-{safe_name(model)}.json", f"circuit-{safe_name(model)}.png"
+
+
+def viewer_name(model: str) -> str:
+    """The graph in circuit-tracer's file for Neuronpedia's viewer (`--format neuronpedia`), for one model."""
+    return f"circuit-{safe_name(model)}.neuronpedia.json"
 
 
 def curve_name(model: str) -> str:
@@ -127,7 +133,14 @@ def cmd_circuits(args) -> int:
         write_atomic(out / picture, png_bytes(drawn))
     for run, curve in zip(runs, curves):
         write_atomic(out / curve_name(run.name), (json.dumps(curve, indent=1) + "\n").encode())
-    written = [n for run in runs for n in file_names(run.name)] + [curve_name(run.name) for run in runs[:len(curves)]]
+    viewers = runs if args.format == "neuronpedia" else []
+    for run, graph, chosen in zip(viewers, graphs, sources):
+        probability = float(run.trace.logits[0].softmax(-1)[graph["target"]])
+        viewer = neuronpedia_graph(graph, depth=len(run.trace.blocks), prompt=Path(args.photo).name,
+                                   probability=probability, dictionaries=chosen)
+        write_atomic(out / viewer_name(run.name), (json.dumps(viewer, indent=1) + "\n").encode())
+    written = [n for run in runs for n in file_names(run.name)] + [curve_name(run.name) for run in runs[:len(curves)]] \
+        + [viewer_name(run.name) for run in viewers]
     print(f"wrote {len(written)} files to {out}: " + ", ".join(written))
     return 0
 
@@ -182,5 +195,8 @@ def add_parser(sub) -> None:
     c.add_argument("--limit", type=int, default=None, help="at most this many images, spread evenly over the data")
     c.add_argument("--edge-share", type=float, default=EDGE_SHARE,
                    help="an edge is kept at this share of its target's inflow")
+    c.add_argument("--format", default="vitviz", choices=["vitviz", "neuronpedia"],
+                   help="neuronpedia: also circuit-<model>.neuronpedia.json, circuit-tracer's graph file for "
+                        "Neuronpedia's attribution-graph viewer")
     c.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     c.set_defaults(run=cmd_circuits)
