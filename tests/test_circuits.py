@@ -445,3 +445,23 @@ def test_the_viewers_file_holds_every_field_circuit_tracer_writes_and_links_that
     assert len(viewer["links"]) == len(graph["edges"])
     assert all(link["source"] in by_id and link["target"] in by_id for link in viewer["links"])
     assert [link["weight"] for link in viewer["links"]] == [edge["weight"] for edge in graph["edges"]]
+
+
+@pytest.mark.slow
+def test_the_mean_baseline_works_on_a_photo_of_any_shape():
+    """The bundled pair's dictionary across both reads 4 x 4 cells of a square photo and 4 x 3 of the tall horse:
+    its means are resampled to the photo's grid (exactly themselves on the grid they were taken on), and said."""
+    from vitviz.circuits.pair import sources_for
+
+    photo = Image.open(Path(__file__).parent.parent / "assets" / "horse.jpg").convert("RGB")
+    loaded = hub.load("vit-cifar10")
+    sources, = sources_for([loaded, hub.load("cvt-cifar10")])[:1]
+    graph = photo_circuit(loaded, photo, dictionaries=sources, baseline="mean")
+    assert graph.faithfulness["value"] is not None
+    assert any("resampled to this photo's 4 x 3 grid" in note for note in graph.notes), graph.notes
+    found = load_dictionaries(["across-vit-cvt-cifar10"])
+    with torch.inference_mode():
+        trace = loaded.model.trace(loaded.preprocess(photo), attention=False)
+    site, = sites_of(loaded, trace, [(s, d) for s, d, _ in found], image_size=(32, 32),
+                     folders=[folder for _, _, folder in found])
+    torch.testing.assert_close(site.resampled(site.means.codes), site.means.codes)

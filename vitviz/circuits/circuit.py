@@ -107,6 +107,10 @@ def circuit(loaded, pixels: Tensor, sites: Sequence[Site], metric: Metric, *, ba
                     f"class token alone; a dictionary of its grid cannot change the answer)."
                     for site, on_host in zip(sites, host)
                     if np.abs(on_host.effects).sum() + abs(on_host.error_effect) <= floor]
+    if baseline == "mean":
+        result.notes += [f"The mean baseline at {block_words(site.block)} was taken over square photos and is "
+                         f"resampled to this photo's {site.grid[0]} x {site.grid[1]} grid." for site, state in
+                         zip(sites, states) if site.means.codes.shape[0] != state.rows.shape[1]]
     if why:
         result.notes.append(why)
     # completeness, the errors-kept variant and the check against patching: one batched forward

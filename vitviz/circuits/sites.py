@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from einops import rearrange
 from torch import Tensor
 
 from ..concepts.activations.cache import block_index, default_tokens
@@ -80,11 +81,24 @@ class Site:
             raise ConceptsError(f"The dictionary at {self.label} ({self.source}) has no mean activations "
                                 f"(means.safetensors beside it, written by `vitviz concepts evaluate`): use the zero "
                                 f"baseline, or evaluate it on a data set first.")
-        if self.means.codes.shape[0] != like_codes.shape[-2]:
-            raise ConceptsError(f"The mean activations beside {self.source} have {self.means.codes.shape[0]} rows; "
-                                f"this photo gives {like_codes.shape[-2]} at {self.label}.")
-        return (self.means.codes.to(like_codes).expand_as(like_codes),
-                self.means.error.to(like_error).expand_as(like_error))
+        codes, error = self.means.codes, self.means.error
+        if codes.shape[0] != like_codes.shape[-2]:
+            codes, error = (self.resampled(means) for means in (codes, error))
+        return codes.to(like_codes).expand_as(like_codes), error.to(like_error).expand_as(like_error)
+
+    def resampled(self, means: Tensor) -> Tensor:
+        """Per-row means taken on another grid (square photos: a square grid, the class token first where the site
+        reads one) resampled to this photo's grid, bilinearly, the class token's row kept: a photo of another shape
+        cuts the tokens or cells into another grid, and a row's mean is a smooth function of where it lies."""
+        head, cells = (means[:1], means[1:]) if self.class_token else (means[:0], means)
+        side = round(cells.shape[0] ** 0.5)
+        if side * side != cells.shape[0]:
+            raise ConceptsError(f"The mean activations beside {self.source} have {means.shape[0]} rows, which are no "
+                                f"square grid; this photo gives {self.grid[0]} x {self.grid[1]} at {self.label}: use "
+                                f"the zero baseline.")
+        grid = rearrange(cells, '(h w) c -> 1 c h w', h=side).float()
+        moved = torch.nn.functional.interpolate(grid, size=self.grid, mode="bilinear", align_corners=False)
+        return torch.cat([head, rearrange(moved, '1 c h w -> (h w) c').to(means)])
 
 
 def sites_of(loaded, trace: Trace, dictionaries: Sequence[tuple[str, object]], *,
