@@ -2,6 +2,9 @@
 to `circuits.photo_circuit` (the library's own graph, computed here, is the reference), the dictionaries each model
 reads, and every bad input refused in words with nothing written."""
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -111,3 +114,32 @@ def test_the_faithfulness_curve_over_a_data_set_is_written_beside_the_graphs(tmp
     assert run(str(PHOTO), "--models", "vit-cifar10", "--data", str(cifar10_path), "--limit", "0",
                "--out", str(tmp_path / "none")) == 2
     assert not (tmp_path / "none").exists()
+
+
+# ---- a class over a data set ----------------------------------------------------------------------------------
+
+def class_run(args: list[str], *, torchrun: bool = False) -> subprocess.CompletedProcess:
+    launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+                if torchrun else [sys.executable])
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([*launcher, "-m", "vitviz", *args], cwd=Path(__file__).parents[1], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+@pytest.mark.slow
+def test_a_class_circuit_is_the_same_from_one_process_or_two_torchrun_ranks(tmp_path, cifar10_path):
+    """`vitviz circuits --data --class` without a photo: the class's images split over two gloo ranks, every sum
+    all-reduced, give the one-process graph (the floats' order apart: 1e-4) and the same words."""
+    args = ["circuits", "--models", "vit-cifar10", "--dictionaries", "vit-cifar10-middle", "vit-cifar10-last",
+            "--data", str(cifar10_path), "--class", "cat", "--limit", "6"]
+    one = class_run([*args, "--out", str(tmp_path / "one")])
+    class_run([*args, "--out", str(tmp_path / "two")], torchrun=True)
+    graphs = [json.loads((tmp_path / run / "class-circuit-vit-cifar10-cat.json").read_text()) for run in ("one", "two")]
+    assert [n["id"] for n in graphs[0]["nodes"]] == [n["id"] for n in graphs[1]["nodes"]]
+    for a, b in zip(*(g["nodes"] for g in graphs)):
+        assert (a.get("effect") or 0) == pytest.approx(b.get("effect") or 0, abs=1e-4)
+    f = graphs[0]["faithfulness"]
+    assert f["images"] == 6 and f["value"] == pytest.approx(graphs[1]["faithfulness"]["value"], abs=1e-4)
+    assert "over 6 images" in one.stdout and "95% interval" in one.stdout

@@ -68,9 +68,10 @@ def random_topk(activations: torch.Tensor, *, model: str, block: int, tokens: st
     return dictionary
 
 
-def tiny_sites(model: nn.Module, *, blocks: list[int]):
+def tiny_sites(model: nn.Module, *, blocks: list[int], patches_only: bool = False):
     """(a loaded-model stand-in for `model`, a random photo, a circuit's sites at `blocks` (-1: the last): a random
-    TopK dictionary each, over every token the block has)."""
+    TopK dictionary each, over every token the block has, or with `patches_only` its patches alone (a class token
+    then passes the sites by))."""
     from vitviz.circuits import sites_of
     from vitviz.concepts.activations.cache import block_tokens
 
@@ -82,7 +83,8 @@ def tiny_sites(model: nn.Module, *, blocks: list[int]):
     dictionaries = []
     for i, block in enumerate(block % len(trace.blocks) for block in blocks):
         out = trace.blocks[block]
-        tokens = "position" if not out.attends else ("patch+cls" if "cls" in out.prefix_kinds else "patch")
+        tokens = "position" if not out.attends else \
+            ("patch+cls" if "cls" in out.prefix_kinds and not patches_only else "patch")
         activations = block_tokens(trace, block, tokens).detach().flatten(0, 1)
         dictionaries.append((f"{family}-{block}", random_topk(activations, model=loaded.name, block=block,
                                                             tokens=tokens, seed=i)))

@@ -28,8 +28,9 @@ from .graph import EDGE_SHARE, FAITHFUL, MOST, Circuit, Edge, Node
 from .sites import Site, sites_of
 
 __all__ = ["BASELINES", "Circuit", "EDGE_SHARE", "Edge", "FAITHFUL", "IG_STEPS", "METHODS", "METRICS", "MOST", "Metric",
-           "Node", "Site", "circuit", "data_faithfulness", "faithfulness_over", "load_dictionaries", "metric_of",
-           "patching_check", "photo_circuit", "prefix_faithfulness", "rank_correlation", "sites_of"]
+           "Node", "Site", "circuit", "data_class_circuit", "data_faithfulness", "faithfulness_over",
+           "load_dictionaries", "metric_of", "patching_check", "photo_circuit", "prefix_faithfulness",
+           "rank_correlation", "sites_of"]
 
 
 def load_dictionaries(sources: Sequence[str | Path]) -> list[tuple[str, object, Path | None]]:
@@ -94,6 +95,34 @@ def data_faithfulness(loaded, data, *, dictionaries: Sequence[str | Path], indic
         return sites_of(loaded, trace, [(source, dictionary) for source, dictionary, _ in found],
                         image_size=(image.height, image.width), folders=[folder for _, _, folder in found])
     return faithfulness_over(loaded, data, sites_for, indices=indices, **settings)
+
+
+def data_class_circuit(loaded, data, *, dictionaries: Sequence[str | Path], target: int, limit: int | None = None,
+                       ranks=None, **settings) -> Circuit:
+    """The class circuit (`classes.class_circuit`) of the model's class `target` over the images of `data` labelled
+    with that class's name, `limit` of them spread evenly (all without), with `dictionaries` (sources, in depth
+    order); `settings`: its keywords. Refused in words: data without labels or without the class."""
+    from ..data import spread
+    from .classes import class_circuit
+
+    label = loaded.labels[target]
+    if data.labels is None or data.classes is None:
+        raise ConceptsError(f"{data.name} has no labels: a class circuit reads the images of the class.")
+    if label not in data.classes:
+        raise ConceptsError(f"{data.name} has no class {label!r} (its classes: {', '.join(data.classes[:12])}).")
+    own = [i for i, k in enumerate(data.labels) if data.classes[k] == label]
+    found = load_dictionaries(dictionaries)
+
+    def sites_for(trace, image: Image.Image) -> list[Site]:
+        return sites_of(loaded, trace, [(source, dictionary) for source, dictionary, _ in found],
+                        image_size=(image.height, image.width), folders=[folder for _, _, folder in found])
+    indices = [own[j] for j in spread(len(own), limit)]
+    first = data.image(indices[0]) if indices else None
+    with torch.inference_mode():   # the sites' concepts' names, from the first image's sites
+        names = [concept_names(site) for site in sites_for(
+            loaded.model.trace(loaded.preprocess(first).to(loaded.device), attention=False), first)] if first else None
+    return class_circuit(loaded, data, sites_for, target=target, indices=indices, names=names, ranks=ranks,
+                         **settings)
 
 
 def concept_names(site: Site) -> dict[int, str] | None:

@@ -46,7 +46,21 @@ from .effects import (
     edges_between,
     integrated_gradients,
 )
-from .graph import EDGE_SHARE, FAITHFUL, GROUP, INPUT, LOGIT, MOST, Circuit, Edge, Node, group_id, node_id
+from .graph import (
+    EDGE_SHARE,
+    FAITHFUL,
+    GROUP,
+    INPUT,
+    LOGIT,
+    MOST,
+    UNREAD,
+    Circuit,
+    Edge,
+    Node,
+    group_id,
+    node_id,
+    unread_id,
+)
 from .sites import Site
 
 CURVE = 11    # points of the curve over a data set: 0, 10 %, ..., 100 % of each image's ranked nodes
@@ -82,16 +96,11 @@ def circuit(loaded, pixels: Tensor, sites: Sequence[Site], metric: Metric, *, ba
     size, why = prefixes.size(faithful)
     members = [[int(c) for c in np.argsort(where.concepts) if where.concepts[c] < size] for where in prefixes.positions]
     drawn, grouped = [m[:most] for m in members], [m[most:] for m in members]
-    maps, edges = _maps_and_edges(loaded, pixels, sites, states, host, drawn, grouped, edge_share=edge_share,
-                                  frozen=frozen)
-    nodes = [Node(id=INPUT, kind="input", name="the photo")]
-    for s, site in enumerate(sites):
-        named = (names[s] if names else None) or {}
-        nodes += [_concept_node(site, host[s], c, maps[s][:, i], named.get(c)) for i, c in enumerate(drawn[s])]
-        if grouped[s]:
-            nodes.append(_group_node(site, host[s], grouped[s], maps[s][:, -1]))
-        nodes.append(_error_node(site, host[s], in_circuit=bool(prefixes.positions[s].error < size)))
-    nodes.append(Node(id=LOGIT, kind="logit", name=metric.describe(labels), effect=value))
+    tables = to_host(edge_tables(loaded, pixels, sites, states, drawn, grouped, frozen=frozen))
+    edges, unread = graph_edges(sites, host, tables, drawn, grouped, edge_share=edge_share)
+    nodes = graph_nodes(sites, host, tables[:len(sites)], drawn, grouped,
+                        [bool(where.error < size) for where in prefixes.positions], unread,
+                        metric_name=metric.describe(labels), value=value, names=names)
     result = Circuit(
         model=loaded.name, metric=metric.describe(labels), metric_kind=metric.kind, target=metric.target,
         target_label=labels[metric.target], contrast=metric.contrast,
@@ -121,7 +130,7 @@ def circuit(loaded, pixels: Tensor, sites: Sequence[Site], metric: Metric, *, ba
     patched, strongest = _patching_masks(host, top=CHECKED)
     keep = [np.concatenate([rows, more]) for rows, more in zip(concept_rows, patched)]
     errors = np.concatenate([error_rows, np.ones((len(strongest), len(sites)), dtype=bool)])
-    m = to_host([metric(_ablated_rows(loaded, pixels, sites, keep, errors, baseline=baseline))])[0]
+    m = to_host([metric(ablated_rows(loaded, pixels, sites, keep, errors, baseline=baseline))])[0]
     result.faithfulness = prefixes.report(size, faithful=faithful, without_circuit=float(m[0]),
                                           errors_kept=(float(m[1]), float(m[2])))
     result.patching = _patching_report(m[3:], strongest, sites, host, value=value)
@@ -204,26 +213,39 @@ class Prefixes:
 UNDEFINED_SHARE = 0.8   # of the total |effect|: what is drawn where F cannot choose the size
 
 
-def prefix_faithfulness(loaded, pixels: Tensor, sites: Sequence[Site], host: Sequence[OnHost], metric: Metric, *,
-                        value: float, baseline: str, floor: float) -> Prefixes:
-    """m for every prefix of the ranking of every node (concepts and error nodes of every site, |effect| above
-    `floor`) by |effect|, and the photo's logits' spread, from batched forwards read back at once."""
+def ranking(host: Sequence[OnHost], floor: float) -> tuple[list[Position], list[tuple[float, int, int]]]:
+    """Every node whose |effect| is above `floor` (concepts and error nodes of every site), largest first (ties in
+    site, then concept order): each site's `Position`s and the ranked (|effect|, site, concept or -1 for the
+    error)."""
     effects = [(abs(float(h.effects[c])), s, int(c)) for s, h in enumerate(host) for c in np.flatnonzero(
         np.abs(h.effects) > floor)]
     effects += [(abs(h.error_effect), s, -1) for s, h in enumerate(host) if abs(h.error_effect) > floor]
-    ranked = sorted(effects, key=lambda e: -e[0])   # stable: ties in site, then concept order
+    ranked = sorted(effects, key=lambda e: -e[0])
     positions = [Position(concepts=np.full(h.effects.size, UNRANKED), error=UNRANKED) for h in host]
     for place, (_, s, c) in enumerate(ranked):
         if c < 0:
             positions[s] = Position(concepts=positions[s].concepts, error=place)
         else:
             positions[s].concepts[c] = place
-    counts = np.arange(len(ranked) + 1)
-    keep = [np.concatenate([where.concepts[None, :] < counts[:, None], np.ones((1, where.concepts.size), bool)])
-            for where in positions]   # every prefix, then everything: the photo through the spliced sites
-    errors = np.concatenate([np.stack([where.error < counts for where in positions], 1),
-                             np.ones((1, len(sites)), bool)])
-    logits = _ablated_rows(loaded, pixels, sites, keep, errors, baseline=baseline)
+    return positions, ranked
+
+
+def prefix_masks(positions: Sequence[Position], counts: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
+    """Per site the concepts kept (len(counts) x n) and the errors kept (len(counts) x sites) when the first
+    counts[r] ranked nodes are kept and every other is at its baseline."""
+    keep = [where.concepts[None, :] < counts[:, None] for where in positions]
+    return keep, np.stack([where.error < counts for where in positions], 1)
+
+
+def prefix_faithfulness(loaded, pixels: Tensor, sites: Sequence[Site], host: Sequence[OnHost], metric: Metric, *,
+                        value: float, baseline: str, floor: float) -> Prefixes:
+    """m for every prefix of the `ranking` of every node by |effect|, and the photo's logits' spread, from batched
+    forwards read back at once."""
+    positions, ranked = ranking(host, floor)
+    keep, errors = prefix_masks(positions, np.arange(len(ranked) + 1))
+    keep = [np.concatenate([k, np.ones((1, k.shape[1]), bool)]) for k in keep]   # then everything: the photo itself
+    errors = np.concatenate([errors, np.ones((1, len(sites)), bool)])
+    logits = ablated_rows(loaded, pixels, sites, keep, errors, baseline=baseline)
     m, spread = to_host([metric(logits[:-1]), logits[-1].float().std()])
     is_concept = np.array([c >= 0 for _, _, c in ranked], dtype=np.int64)
     return Prefixes(positions=positions, m=m, concept_counts=np.concatenate([[0], np.cumsum(is_concept)]),
@@ -231,7 +253,7 @@ def prefix_faithfulness(loaded, pixels: Tensor, sites: Sequence[Site], host: Seq
                     floor=floor)
 
 
-def _ablated_rows(loaded, pixels: Tensor, sites: Sequence[Site], keep: Sequence[np.ndarray], errors: np.ndarray, *,
+def ablated_rows(loaded, pixels: Tensor, sites: Sequence[Site], keep: Sequence[np.ndarray], errors: np.ndarray, *,
                   baseline: str) -> Tensor:
     """`ablated`'s logits for rows of host masks (per site rows x n, and rows x sites for the errors), `PREFIXES`
     rows a forward; the results stay on the device until read with the rest."""
@@ -308,50 +330,77 @@ def _error_node(site: Site, host: OnHost, *, in_circuit: bool) -> Node:
                 map=where, class_token=class_token, in_circuit=in_circuit)
 
 
-def _maps_and_edges(loaded, pixels: Tensor, sites: Sequence[Site], states: Sequence[SiteState],
-                    host: Sequence[OnHost], drawn: Sequence[list[int]], grouped: Sequence[list[int]], *,
-                    edge_share: float, frozen: bool) -> tuple[list[np.ndarray], list[Edge]]:
-    """Each site's drawn concepts' codes at its rows (rows x drawn, then the group's summed codes where there is a
-    group), and the edges between the drawn nodes: the input's into the first site, each consecutive pair's (pruned
-    by each target's inflow), the last site's into the metric. A group is one node: its edges are its members'
-    summed. Every pair's pass is queued before one read of them all."""
+def edge_tables(loaded, pixels: Tensor, sites: Sequence[Site], states: Sequence[SiteState],
+                drawn: Sequence[list[int]], grouped: Sequence[list[int]], *, frozen: bool) -> list[Tensor]:
+    """On the device: each site's drawn concepts' codes at its rows (rows x drawn, then the group's summed codes
+    where there is a group), then per consecutive pair of sites its edge table, one row a downstream target (the
+    drawn concepts, the group, the error, what the site does not read) and one column a drawn upstream source (the
+    concepts, the group, the error), then each row's total over every upstream node and its absolute inflow. A
+    group is one node: its edges are its members' summed. Every pair's pass is queued, none read."""
     def codes_of(state: SiteState, s: int) -> Tensor:
         codes = state.codes[0]
         return torch.cat([codes[:, drawn[s]], codes[:, grouped[s]].sum(1, keepdim=True)], 1) if grouped[s] \
             else codes[:, drawn[s]]
 
-    def targets(s: int) -> list:
-        return [*drawn[s], *([tuple(grouped[s])] if grouped[s] else []), None]
-
-    pending = [codes_of(state, s) for s, state in enumerate(states)]
+    tables = [codes_of(state, s) for s, state in enumerate(states)]
     for i in range(len(sites) - 1):
+        targets = [*drawn[i + 1], *([tuple(grouped[i + 1])] if grouped[i + 1] else []), None]
         concept_edges, error_edges = edges_between(loaded, pixels, (sites[i], states[i]), (sites[i + 1], states[i + 1]),
-                                                   targets(i + 1), frozen=frozen)
+                                                   targets, unread=True, frozen=frozen)
         inflow = concept_edges.abs().sum(1) + error_edges.abs()   # from every upstream node, drawn or not
+        total = concept_edges.sum(1) + error_edges
         sources = [concept_edges[:, drawn[i]]]
         if grouped[i]:
             sources.append(concept_edges[:, grouped[i]].sum(1, keepdim=True))
-        pending.append(torch.cat([*sources, error_edges[:, None], inflow[:, None]], 1))
-    values = to_host(pending)
-    maps, between = values[:len(sites)], values[len(sites):]
+        tables.append(torch.cat([*sources, error_edges[:, None], total[:, None], inflow[:, None]], 1))
+    return tables
 
-    def ids(s: int) -> list[str]:
+
+def graph_edges(sites: Sequence[Site], host: Sequence[OnHost], tables: Sequence[np.ndarray],
+                drawn: Sequence[list[int]], grouped: Sequence[list[int]], *, edge_share: float
+                ) -> tuple[list[Edge], list[float | None]]:
+    """The edges between the drawn nodes from `edge_tables` read to the host: the input's into the first site (each
+    node's effect), each consecutive pair's (pruned by each target's inflow), the last site's into the metric; and
+    per site the effect of the upstream site that passes its dictionary by (None where no edge into it is kept)."""
+    def ids(s: int, unread: bool = False) -> list[str]:
         block = sites[s].block
         return [*(node_id(block, c) for c in drawn[s]), *([group_id(block)] if grouped[s] else []),
-                node_id(block, None)]
+                node_id(block, None), *([unread_id(block)] if unread else [])]
 
     def effects(s: int) -> list[float]:
         group = [float(host[s].effects[grouped[s]].sum())] if grouped[s] else []
         return [*(float(host[s].effects[c]) for c in drawn[s]), *group, host[s].error_effect]
 
     edges = [Edge(INPUT, target, weight) for target, weight in zip(ids(0), effects(0))]
-    for i, weights in enumerate(between):   # targets x (drawn sources, the group, the error, the inflow)
-        for target, (*row, inflow) in zip(ids(i + 1), weights.tolist()):
+    unread: list[float | None] = [None]
+    for i, weights in enumerate(tables[len(sites):]):   # targets x (sources, the error, the total, the inflow)
+        for target, (*row, _, inflow) in zip(ids(i + 1, unread=True), weights.tolist()):
             edges += [Edge(source, target, weight) for source, weight in zip(ids(i), row)
                       if inflow > 0 and abs(weight) >= edge_share * inflow]
+        passed = any(e.target == unread_id(sites[i + 1].block) for e in edges)
+        unread.append(float(weights[-1, -2]) if passed else None)   # the unread row's total over every source
     last = len(sites) - 1
     edges += [Edge(source, LOGIT, weight) for source, weight in zip(ids(last), effects(last))]
-    return maps, edges
+    return edges, unread
+
+
+def graph_nodes(sites: Sequence[Site], host: Sequence[OnHost], maps: Sequence[np.ndarray], drawn: Sequence[list[int]],
+                grouped: Sequence[list[int]], errors_in: Sequence[bool], unread: Sequence[float | None], *,
+                metric_name: str, value: float, names: Sequence[dict[int, str] | None] | None) -> list[Node]:
+    """The graph's nodes: the photo, each site's drawn concepts, its group, its error and what passes it by, the
+    metric."""
+    nodes = [Node(id=INPUT, kind="input", name="the photo")]
+    for s, site in enumerate(sites):
+        named = (names[s] if names else None) or {}
+        nodes += [_concept_node(site, host[s], c, maps[s][:, i], named.get(c)) for i, c in enumerate(drawn[s])]
+        if grouped[s]:
+            nodes.append(_group_node(site, host[s], grouped[s], maps[s][:, -1]))
+        nodes.append(_error_node(site, host[s], in_circuit=errors_in[s]))
+        if unread[s] is not None:   # the upstream site's effect that passes this dictionary by
+            nodes.append(Node(id=unread_id(site.block), kind=UNREAD, name="not read by its dictionary",
+                              effect=unread[s], block=site.block))
+    nodes.append(Node(id=LOGIT, kind="logit", name=metric_name, effect=value))
+    return nodes
 
 
 def patching_check(loaded, pixels: Tensor, sites: Sequence[Site], states: Sequence[SiteState],
@@ -364,7 +413,7 @@ def patching_check(loaded, pixels: Tensor, sites: Sequence[Site], states: Sequen
     if not strongest:
         return _patching_report(None, strongest, sites, host, value=value)
     errors = np.ones((len(strongest), len(sites)), dtype=bool)
-    m = to_host([metric(_ablated_rows(loaded, pixels, sites, keep, errors, baseline=baseline))])[0]
+    m = to_host([metric(ablated_rows(loaded, pixels, sites, keep, errors, baseline=baseline))])[0]
     return _patching_report(m, strongest, sites, host, value=value)
 
 

@@ -32,6 +32,13 @@ dictionary's encoder reading the result (its active set fixed: TopK's gradient).
 downstream node's row at once. Into the first site every node's value comes from the input, so the input's edge
 to a node is that node's effect; out of the last site the edge to the metric is the node's effect.
 
+What a site does not read. The downstream site reads rows R X_j of its block's tokens; the rest, X_j - W R X_j
+(tokens no row reads, a class token a patch dictionary leaves out, what cell means do not see), passes on
+unmodelled. Its score is S_unread = Σ g_j ⊙ (X_j - W R X_j) with g_j = ∂m/∂X_j, and its edge from u the same
+vector-Jacobian product. Because ∂m/∂z = g_rows · ∂decode/∂z, the scores of every downstream concept and the error
+add up to g_rows · rows (the encoder's part cancels), so a node's edges into every downstream node plus its edge
+into what is not read add up to g_j · ∂X_j/∂u · Δu: its attribution-patching effect (the tests check it).
+
 Attention held fixed or not. With `frozen`, every attention pattern and every LayerNorm's scale are constants of
 this photo's pass (`models.relevance.frozen_attention`, `frozen_norm_scales`), circuit-tracer's convention: the
 gradients, and so effects and edges, are those of the model linear in everything else. Without, they are the
@@ -112,6 +119,7 @@ class SiteState:
     rows: Tensor
     codes: Tensor
     error: Tensor
+    token_gradient: Tensor   # 1 N d: ∂m/∂X at the block's tokens, what the site reads and what it does not
     row_gradient: Tensor
     code_gradient: Tensor
     codes_baseline: Tensor
@@ -144,8 +152,9 @@ def traced(loaded, pixels: Tensor, edit: Callable[[int, Tensor], Tensor] | None,
 
 
 def attribution(loaded, pixels: Tensor, sites: Sequence[Site], metric: Metric, *, baseline: str = "zero",
-                frozen: bool = False) -> tuple[float, list[SiteState]]:
-    """(m on the photo, each site's state with attribution patching's effects) from one forward and backward."""
+                frozen: bool = False, on_host: bool = True) -> tuple[float | Tensor, list[SiteState]]:
+    """(m on the photo, each site's state with attribution patching's effects) from one forward and backward; m
+    read to the host, or without `on_host` left on the device (a 0-d tensor: work over many images reads once)."""
     if baseline not in BASELINES:
         raise ConceptsError(f"The baseline must be one of {', '.join(BASELINES)}, not {baseline!r}.")
     at = {site.block: position for position, site in enumerate(sites)}
@@ -170,12 +179,12 @@ def attribution(loaded, pixels: Tensor, sites: Sequence[Site], metric: Metric, *
         with torch.enable_grad():
             (code_gradient,) = torch.autograd.grad(site.dictionary.decode(leaf, rows), leaf, row_gradient)
         codes_baseline, error_baseline = site.baseline(baseline, codes, error)
-        state = SiteState(rows=rows, codes=codes, error=error, row_gradient=row_gradient,
+        state = SiteState(rows=rows, codes=codes, error=error, token_gradient=grad.detach(), row_gradient=row_gradient,
                           code_gradient=code_gradient, codes_baseline=codes_baseline, error_baseline=error_baseline)
         state.set_effects((code_gradient * (codes - codes_baseline))[0],
                           (row_gradient * (error - error_baseline)).sum(-1)[0])
         states.append(state)
-    return float(m.detach()[0]), states
+    return float(m.detach()[0]) if on_host else m.detach()[0], states
 
 
 def integrated_gradients(loaded, pixels: Tensor, sites: Sequence[Site], states: Sequence[SiteState],
@@ -214,18 +223,20 @@ class _Reached(Exception):
 
 
 def edges_between(loaded, pixels: Tensor, upstream: tuple[Site, SiteState], downstream: tuple[Site, SiteState],
-                  targets: Sequence[int | Sequence[int] | None], *, frozen: bool = False) -> tuple[Tensor, Tensor]:
+                  targets: Sequence[int | Sequence[int] | None], *, unread: bool = False, frozen: bool = False
+                  ) -> tuple[Tensor, Tensor]:
     """The edges into each of `targets` (a downstream concept id, several standing as one node whose score is their
-    sum, or None: the error node) from every upstream node: (len(targets) x n concept edges, len(targets) error
-    edges). The photo's forward up to the upstream site, one copy of it a target from there to the downstream site
-    (where it stops), and one backward."""
+    sum, or None: the error node) and, with `unread`, into what the downstream site does not read (one more row,
+    the last), from every upstream node: (rows x n concept edges, rows error edges). The photo's forward up to the
+    upstream site, one copy of it a row from there to the downstream site (where it stops), and one backward."""
     (up, up_state), (down, down_state) = upstream, downstream
-    k = len(targets)
     if None in targets[:-1]:
         raise ValueError("the error node, where it is a target, is the last one")
+    scored = len(targets)
+    k = scored + unread
     codes = up_state.codes.expand(k, *up_state.codes.shape[1:]).clone().requires_grad_(True)
     error = up_state.error.expand(k, *up_state.error.shape[1:]).clone().requires_grad_(True)
-    picks = torch.zeros(k, down_state.codes.shape[-1], device=codes.device, dtype=codes.dtype)
+    picks = torch.zeros(scored, down_state.codes.shape[-1], device=codes.device, dtype=codes.dtype)
     for row, target in enumerate(targets):
         if target is not None:
             picks[row, list(target) if isinstance(target, Sequence) else target] = 1
@@ -237,13 +248,16 @@ def edges_between(loaded, pixels: Tensor, upstream: tuple[Site, SiteState], down
                 tokens = tokens.detach().expand(k, *tokens.shape[1:])
                 return splice(up, tokens, codes, error, up.rows(tokens))
             if index == down.block:
-                rows = down.rows(tokens)
+                rows = down.rows(tokens[:scored])
                 down_codes = down.dictionary.encode(rows)
                 picked = ((down_codes * down_state.code_gradient).sum(1) * picks).sum(1)
-                # the error node's score from its own copy alone (the last): one decode, not one a copy
+                # the error node's score from its own copy alone (the last target): one decode, not one a copy
                 missed = rows[-1:] - down.dictionary.decode(down_codes[-1:], rows[-1:])
-                scored = (missed * down_state.row_gradient).sum()
-                raise _Reached(torch.where(is_error, scored, picked))
+                scores = torch.where(is_error, (missed * down_state.row_gradient).sum(), picked)
+                if unread:   # the tokens less what the rows write back: X - W R X
+                    passed = tokens[-1:] - down.put(torch.zeros_like(tokens[-1:]), down.rows(tokens[-1:]))
+                    scores = torch.cat([scores, (passed * down_state.token_gradient).sum()[None]])
+                raise _Reached(scores)
         return tokens
 
     with gradients(frozen):

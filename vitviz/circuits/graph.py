@@ -24,6 +24,7 @@ EDGE_SHARE = 0.05   # of each node's absolute inflow
 MOST = 12           # concepts a site draws one by one: a column a person can read
 DIGITS = 5          # significant digits kept in the JSON
 GROUP = "group"     # the kind of a site's node standing for its circuit concepts beyond the drawn ones
+UNREAD = "unread"   # the kind of a site's node standing for what its dictionary does not read of the block
 
 
 def node_id(block: int, concept: int | None) -> str:
@@ -36,6 +37,11 @@ def group_id(block: int) -> str:
     return f"b{block}/more"
 
 
+def unread_id(block: int) -> str:
+    """'b3/unread': what a site's dictionary does not read of its block's tokens."""
+    return f"b{block}/unread"
+
+
 INPUT, LOGIT = "input", "logit"
 
 
@@ -45,7 +51,7 @@ class Node:
     photo (input) or the metric (logit); its effect on the metric, and where it is on the photo (`map` over
     `grid`, the class token's value apart)."""
     id: str
-    kind: str                       # concept, group, error, input, logit
+    kind: str                       # concept, group, error, unread, input, logit
     name: str
     effect: float | None = None     # on the metric (input, logit: None)
     block: int | None = None

@@ -11,11 +11,21 @@ import json
 from pathlib import Path
 
 from .. import catalog, hub
-from ..circuits import BASELINES, EDGE_SHARE, FAITHFUL, IG_STEPS, METHODS, data_faithfulness, photo_circuit
+from ..circuits import (
+    BASELINES,
+    EDGE_SHARE,
+    FAITHFUL,
+    IG_STEPS,
+    METHODS,
+    data_class_circuit,
+    data_faithfulness,
+    photo_circuit,
+)
 from ..circuits.neuronpedia import neuronpedia_graph
 from ..circuits.pair import places, shared_nodes, sources_for
 from ..concepts import ConceptsError
 from ..data import open_data, spread
+from ..distributed import ranks as process_ranks
 from ..files import png_bytes, safe_name, write_atomic
 from ..image import ImageError, read_image
 from ..render.circuits import circuit_graph
@@ -91,9 +101,68 @@ def checked(args) -> tuple:
     return image, loaded, sources, data
 
 
+def class_name(model: str, label: str) -> str:
+    """A class circuit's JSON, for one model and class."""
+    return f"class-circuit-{safe_name(model)}-{safe_name(label)}.json"
+
+
+def cmd_class_circuits(args) -> int:
+    """Each model's circuit of --class over the data set's images of that class (`circuits.data_class_circuit`),
+    under torchrun the images split over the processes; its JSON in --out, its F with its interval printed."""
+    if args.data is None or args.target is None:
+        raise UsageError("without a photo, give --data and --class: the class's circuit over the data set's images of "
+                         "that class")
+    if args.contrast is not None:
+        raise UsageError("a class circuit builds the class's logit minus the mean logit: --contrast needs a photo")
+    if not 0 < args.faithfulness <= 1 or not 0 <= args.edge_share <= 1:
+        raise UsageError(f"--faithfulness is from 0 (exclusive) to 1 and --edge-share from 0 to 1, not "
+                         f"{args.faithfulness} and {args.edge_share}")
+    if args.limit is not None and args.limit < 1:
+        raise UsageError(f"--limit must be at least 1, not {args.limit}")
+    data = open_data(args.data, split=args.split)
+    with process_ranks(args.device) as ranks:
+        loaded = [hub.load(name, device=ranks.device) for name in args.models]
+        try:
+            sources = sources_for(loaded, args.dictionaries)
+        except ConceptsError as e:
+            raise UsageError(f"--dictionaries: {e}") from None
+        targets = [class_index(model, args.target, "class") for model in loaded]
+        graphs = []
+        for model, chosen, target in zip(loaded, sources, targets):
+            try:
+                circuit = data_class_circuit(model, data, dictionaries=chosen, target=target, limit=args.limit,
+                                             baseline=args.baseline, faithful=args.faithfulness,
+                                             edge_share=args.edge_share, ranks=ranks)
+            except ConceptsError as e:
+                raise UsageError(f"{model.name}: {e}") from None
+            graphs.append(circuit)
+        if not ranks.leader:
+            return 0
+    out = prepare_out(Path(args.out))
+    for circuit, chosen in zip(graphs, sources):
+        f = circuit.faithfulness
+        value = "undefined" if f["value"] is None else \
+            f"{f['value']:.3f} ({f['level']:.0%} interval {f['interval'][0]:.3f} to {f['interval'][1]:.3f})"
+        print(f"{circuit.model}: {circuit.metric} over {f['images']} images of {data.name} through "
+              f"{', '.join(chosen)}")
+        print(f"  F = {value} with {f['concept_nodes']} concepts and {f['error_nodes']} error nodes of "
+              f"{f['ranked_nodes']} ranked nodes")
+        strongest = sorted((n for n in circuit.nodes if n.kind == "concept"), key=lambda n: -abs(n.effect))[:SHOWN]
+        for node in strongest:
+            print(f"  block {node.block + 1:>2}  {node.effect:+.3f}  {node.name}")
+        write_atomic(out / class_name(circuit.model, circuit.target_label),
+                     (json.dumps(circuit.to_json(), indent=1) + "\n").encode())
+    print(f"wrote {len(graphs)} files to {out}: "
+          + ", ".join(class_name(c.model, c.target_label) for c in graphs))
+    return 0
+
+
 def cmd_circuits(args) -> int:
     """Each model's circuit of the photo (the same class for all: by default the first model's top class), its JSON
-    and picture in --out, its size, faithfulness and strongest nodes printed."""
+    and picture in --out, its size, faithfulness and strongest nodes printed; without a photo, the class's circuit
+    over the data set (`cmd_class_circuits`)."""
+    if args.photo is None:
+        return cmd_class_circuits(args)
     image, loaded, sources, data = checked(args)
     runs = [ModelRun(model, image) for model in loaded]
     first = next((run for run in runs if run.has_classifier), None)
@@ -167,7 +236,8 @@ def add_parser(sub) -> None:
     """`circuits` under the main parser."""
     c = sub.add_parser("circuits", help="one photo's circuit of concepts through each model: the graph as JSON and "
                                         "a picture")
-    c.add_argument("photo", help="an image file")
+    c.add_argument("photo", nargs="?", default=None,
+                   help="an image file; without one, --data and --class give the class's circuit over the data set")
     c.add_argument("--models", nargs="+", default=list(catalog.BUNDLED_PAIR), help="catalog names, Hub ids or folders")
     c.add_argument("--dictionaries", nargs="+", default=None, metavar="SOURCE",
                    help="concept dictionaries (bundled names, folders, files, Hub ids), each used for the model it "

@@ -6,8 +6,9 @@ its other circuit concepts where there is one, and its error node last), then th
 node is the photo with its map over the site's grid (`cell_overlay`,
 on its own scale: where the concept fires, not how strongly against the others), its number and effect on the
 metric under it (red for the answer, blue against), then its name. An error node (what the dictionary misses: its
-map is its effect at each cell, drawn as |effect|) has a dashed frame, a group node (several concepts as one: their
-codes summed) a double one; a node both models share (a dictionary across
+map is its effect at each cell, drawn as |effect|) has a dashed frame, and so has a block's "not read" node (what
+the upstream block's nodes pass on past the dictionary: tokens it does not read, what its cells do not see), a group
+node (several concepts as one: their codes summed) a double one; a node both models share (a dictionary across
 them) a green one; the node picked a yellow one. An edge's width follows its |weight| on one scale for the whole graph
 (its effect on the metric), its colour its sign. Edges run between consecutive columns only, as the graph's do: each
 leaves its node at the tile's right edge, runs level to the column's edge, crosses the gap, and enters the next tile
@@ -64,8 +65,8 @@ def columns_of(graph: Mapping) -> list[tuple[str, list[Mapping]]]:
     for site in graph["sites"]:
         here = [n for n in nodes if n.get("block") == site["block"]]
         header = f"block {site['block'] + 1}" + (" (across)" if site["across"] else "")
-        concepts, groups, errors = ([n for n in here if n["kind"] == kind] for kind in ("concept", "group", "error"))
-        columns.append((header, concepts + groups + errors))
+        columns.append((header, [n for kind in ("concept", "group", "error", "unread") for n in here
+                                 if n["kind"] == kind]))
     columns.append(("answer", [n for n in nodes if n["kind"] == "logit"]))
     return columns
 
@@ -145,9 +146,11 @@ def node_words(node: Mapping) -> tuple[str, str]:
         return f"{node['effect']:.2f}", ""
     effect = f"{node['effect']:+.2f}"
     if node["kind"] == "error":
-        return f"error {effect}", "" if node.get("in_circuit", True) else "outside the circuit"
+        return f"error {effect}", "" if node.get("in_circuit", True) else "not in circuit"
     if node["kind"] == "group":
         return f"+{len(node['concepts'])} {effect}", "more concepts"
+    if node["kind"] == "unread":
+        return f"bypass {effect}", ""
     number = f"#{node['concept']}"
     name = node["name"]
     return f"{number} {effect}", name[len(number):].strip() if name.startswith(number) else ""
@@ -181,6 +184,16 @@ def draw_edges(out: np.ndarray, graph: Mapping, layout: Layout) -> None:
         points = np.array([(source[2], y_out), (right, y_out), (left, y_in), (target[0], y_in)], np.int32)
         cv2.polylines(layer, [points], False, colour, width, cv2.LINE_AA)
     cv2.addWeighted(layer, 0.85, out, 0.15, 0, dst=out)
+
+
+def unread_picture() -> np.ndarray:
+    """The tile of what a block's dictionary does not read: no map (it is no concept), a dark ground and its words."""
+    tile = np.empty((TILE, TILE, 3), np.uint8)
+    tile[:] = (36, 36, 42)
+    for k, text in enumerate(("not", "read")):
+        put_text(tile, text, (TILE / 2, TILE / 2 + (k - 0.5) * INK.line_height(0.9)), INK, scale=0.9, anchor="centre",
+                 color=MUTED, outline=None)
+    return tile
 
 
 def logit_picture(graph: Mapping) -> np.ndarray:
@@ -226,6 +239,8 @@ def circuit_graph(graph: Mapping, canvas: Canvas, places: Mapping[int, tuple[int
             tile = fitted(np.asarray(thumbnail.image), TILE)[0]
         elif node["kind"] == "logit":
             tile = logit_picture(graph)
+        elif node["kind"] == "unread":
+            tile = unread_picture()
         else:
             (base, (dy, dx, h, w)), (y0_, x0_, y1_, x1_) = photos[node["block"]], places[node["block"]][1]
             in_tile = ((dy + y0_ * h) / TILE, (dx + x0_ * w) / TILE, (dy + y1_ * h) / TILE, (dx + x1_ * w) / TILE)
@@ -236,7 +251,7 @@ def circuit_graph(graph: Mapping, canvas: Canvas, places: Mapping[int, tuple[int
             cv2.rectangle(out, framed[:2], framed[2:], PICKED, 4)
         elif node["id"] in shared:
             cv2.rectangle(out, framed[:2], framed[2:], SHARED, 3)
-        elif node["kind"] == "error":
+        elif node["kind"] in ("error", "unread"):
             dashed_rectangle(out, framed, MUTED, 2)
         elif node["kind"] == "group":
             cv2.rectangle(out, framed[:2], framed[2:], FRAME, 1)
