@@ -3,6 +3,7 @@ locally loaded models); one model pass per set of choices; a node's card (its ef
 exemplar index, what removing it does by `splice.concept_effects`, its edges) and a click on its tile; the drawing
 (edges as wide as their weights, coloured by sign; shared and picked nodes framed); the refusals in words; and the
 launched app from a real client and a real browser, at a desktop's and a phone's width."""
+import json
 from pathlib import Path
 
 import gradio as gr
@@ -173,7 +174,9 @@ def test_a_click_on_a_tile_picks_its_node_and_a_click_beside_the_nodes_picks_non
     (dict(target="cat", contrast="cat"), "The contrast class is the class itself"),
     (dict(faithful=0.05), "from 0.1 to 1.0, not 0.05"),
     (dict(method="lrp"), "The method is atp"),
-], ids=["a class neither model has", "the contrast is the class", "a faithfulness below 0.1", "an unknown method"])
+    (dict(scope="video"), "the class over the test set"),
+], ids=["a class neither model has", "the contrast is the class", "a faithfulness below 0.1", "an unknown method",
+        "an unknown scope"])
 def test_a_bad_choice_is_refused_in_words_before_any_model_runs(shown_pair, monkeypatch, choices, words):
     key, _ = shown_pair
     monkeypatch.setattr(gpu, "read_circuits", lambda *a, **k: pytest.fail("a model ran"))
@@ -245,15 +248,15 @@ def test_circuit_is_one_documented_endpoint_and_answers_from_a_real_client(serve
     api = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
     assert "/circuit" in api and "/circuits_open" not in api
     assert [p["parameter_name"] for p in api["/circuit"]["parameters"]] == [
-        "target", "contrast", "baseline", "method", "frozen", "faithful"]
+        "target", "contrast", "baseline", "method", "frozen", "faithful", "scope"]
     client.predict(handle_file(str(PHOTO)), *PAIR, api_name="/explain")
     note, graph_a, graph_b, curves, picker, card, words = client.predict(
-        "dog", "", "zero", "atp", False, 0.6, api_name="/circuit")
+        "dog", "", "zero", "atp", False, 0.6, "photo", api_name="/circuit")
     assert all(f"**{name}**: the logit of dog" in note for name in PAIR) and "F = " in note
     for picture in (graph_a, graph_b, curves):
         assert Path(picture).is_file() and Image.open(picture).width > 300
     with pytest.raises(Exception, match="Neither model has the class 'zebra'"):
-        client.predict("zebra", "", "zero", "atp", False, 0.6, api_name="/circuit")
+        client.predict("zebra", "", "zero", "atp", False, 0.6, "photo", api_name="/circuit")
 
 
 @pytest.mark.slow
@@ -287,3 +290,26 @@ def test_a_person_opens_the_circuits_tab_sees_both_graphs_and_their_faithfulness
         page_.locator("#circuits-card img").first.wait_for(timeout=30_000)
         page_.locator("#tabs").screenshot(path=str(SCREENSHOTS / f"10-circuits-{width}.png"))
     assert served.process.poll() is None
+
+
+def test_the_class_over_the_test_set_shows_the_shipped_class_circuits_and_runs_no_model(shown_pair, calls, monkeypatch,
+                                                                                         tmp_path, cifar10_test):
+    """The scope 'class': each model's class circuit read from the shipped folder (here one made on 3 images), its F
+    and interval in the words, drawn on a grey photo; a model without one is told how to make it; no GPU call."""
+    from vitviz import catalog
+    from vitviz.circuits import data_class_circuit
+    from vitviz.circuits.classes import file_name
+
+    key, _ = shown_pair
+    loaded = vitviz.load("vit-cifar10")
+    made = data_class_circuit(loaded, cifar10_test, dictionaries=SOURCES["vit-cifar10"], target=3, limit=3,
+                              progress=False)
+    (tmp_path / file_name("vit-cifar10", "cat")).write_text(json.dumps(made.to_json()))
+    monkeypatch.setattr(catalog, "CLASS_CIRCUITS", tmp_path)
+    shown = drawn(key, target="cat", scope="class")
+    f = made.faithfulness
+    assert f"**vit-cifar10**: the logit of cat minus the mean logit over 3 test images labelled cat: " \
+           f"**F = {f['value']:.2f}** (95% interval {f['interval'][0]:.2f} to {f['interval'][1]:.2f})" in shown.note
+    assert "**cvt-cifar10**: no circuit of cat over a data set ships for it" in shown.note
+    assert shown.graph_a.shape == (*drawing.graph_layout(made.to_json()).size, 3) and shown.graph_b is None
+    assert shown.curves is not None and shown.asked is None and not calls

@@ -216,6 +216,8 @@ CIRCUIT_DICTIONARIES: dict[str, tuple[str, ...]] = {
     model: (*(name for name, entry in BUNDLED_DICTIONARIES.items()
               if entry.models == (model,) and entry.folder is not None), f"{model}-last")
     for model in ("vit-cifar10", "cvt-cifar10", "swin-cifar10", "resnet-cifar10")}
+# the bundled pair's class circuits over CIFAR-10's test images (checkpoints/circuits/classes.sh)
+CLASS_CIRCUITS = CHECKPOINTS / "circuits"
 
 
 def model_name(source: str) -> str:

@@ -22,6 +22,7 @@ dealt to the ranks and every sum is all-reduced, so 1 or N processes give the sa
 """
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -29,7 +30,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from .. import catalog
 from ..concepts.kinds.dictionary import ConceptsError
+from ..files import safe_name
 from .circuit import (
     NOTHING,
     SPREAD,
@@ -96,7 +99,8 @@ def class_circuit(loaded, data, sites_for: Callable, *, target: int, indices: Se
     keep, errors = prefix_masks(positions, sizes)
     measured = torch.zeros(n, len(sizes) + 1, dtype=torch.float64, device=loaded.device)
     order = {index: row for row, index in enumerate(indices)}
-    for i, (pixels, image_sites, _, value_on_device) in zip(mine, images):   # m at every size, then m(M)
+    for i, (pixels, image_sites, _, value_on_device) in zip(mine, tqdm(  # m at every size, then m(M)
+            images, desc=f"{loaded.name}: F at {len(sizes)} sizes", unit="image", disable=not shown)):
         m = metric(ablated_rows(loaded, pixels, image_sites, keep, errors, baseline=baseline)).double()
         measured[order[i]] = torch.cat([m, value_on_device.double()[None]])
     measured = to_host(_all_reduced([measured]))[0]
@@ -109,7 +113,8 @@ def class_circuit(loaded, data, sites_for: Callable, *, target: int, indices: Se
     members = [[int(c) for c in np.argsort(where.concepts) if where.concepts[c] < size] for where in positions]
     drawn, grouped = [m[:most] for m in members], [m[most:] for m in members]
     tables = None
-    for pixels, image_sites, states, _ in images:   # the drawn nodes' edges and maps, summed
+    for pixels, image_sites, states, _ in tqdm(images, desc=f"{loaded.name}: edges", unit="image",
+                                               disable=not shown):   # the drawn nodes' edges and maps, summed
         part = edge_tables(loaded, pixels, image_sites, states, drawn, grouped, frozen=False)
         tables = part if tables is None else [a + b for a, b in zip(tables, part)]
     tables = to_host([t / n for t in _all_reduced(tables)])
@@ -149,6 +154,18 @@ def class_circuit(loaded, data, sites_for: Callable, *, target: int, indices: Se
         result.notes.append(f"No measured size reaches F = {faithful:.2f}; every ranked node drawn (F "
                             f"{float(curve[-1]):.2f}).")
     return result
+
+
+def file_name(model: str, label: str) -> str:
+    """A class circuit's JSON, for one model and class: what `vitviz circuits --data --class` writes and vitviz
+    ships."""
+    return f"class-circuit-{safe_name(model)}-{safe_name(label)}.json"
+
+
+def shipped(model: str, label: str) -> dict | None:
+    """The class circuit vitviz ships for a bundled model and class (`catalog.CLASS_CIRCUITS`), or None."""
+    path = catalog.CLASS_CIRCUITS / file_name(model, label)
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def _all_reduced(tensors: list[Tensor]) -> list[Tensor]:

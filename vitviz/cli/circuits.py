@@ -21,6 +21,7 @@ from ..circuits import (
     data_faithfulness,
     photo_circuit,
 )
+from ..circuits.classes import file_name as class_file
 from ..circuits.neuronpedia import neuronpedia_graph
 from ..circuits.pair import places, shared_nodes, sources_for
 from ..concepts import ConceptsError
@@ -101,11 +102,6 @@ def checked(args) -> tuple:
     return image, loaded, sources, data
 
 
-def class_name(model: str, label: str) -> str:
-    """A class circuit's JSON, for one model and class."""
-    return f"class-circuit-{safe_name(model)}-{safe_name(label)}.json"
-
-
 def cmd_class_circuits(args) -> int:
     """Each model's circuit of --class over the data set's images of that class (`circuits.data_class_circuit`),
     under torchrun the images split over the processes; its JSON in --out, its F with its interval printed."""
@@ -150,10 +146,10 @@ def cmd_class_circuits(args) -> int:
         strongest = sorted((n for n in circuit.nodes if n.kind == "concept"), key=lambda n: -abs(n.effect))[:SHOWN]
         for node in strongest:
             print(f"  block {node.block + 1:>2}  {node.effect:+.3f}  {node.name}")
-        write_atomic(out / class_name(circuit.model, circuit.target_label),
+        write_atomic(out / class_file(circuit.model, circuit.target_label),
                      (json.dumps(circuit.to_json(), indent=1) + "\n").encode())
     print(f"wrote {len(graphs)} files to {out}: "
-          + ", ".join(class_name(c.model, c.target_label) for c in graphs))
+          + ", ".join(class_file(c.model, c.target_label) for c in graphs))
     return 0
 
 

@@ -45,6 +45,8 @@ BASELINES = [("zero", "zero"), ("the data set's mean", "mean")]
 METHODS = [("attribution patching (one backward pass)", "atp"), ("integrated gradients (10 steps)", "ig")]
 SIDES = ("left", "right")
 FAITHFUL_RANGE = (0.1, 1.0)
+PHOTO_SCOPE, CLASS_SCOPE = "photo", "class"
+SCOPES = [("this photo", PHOTO_SCOPE), ("the class over the test set", CLASS_SCOPE)]
 
 
 class Shown(NamedTuple):
@@ -209,13 +211,19 @@ def picker_choices(runs_: list[ModelRun], graphs: list[dict | None]) -> list[tup
 
 
 def render_circuits(key, target=TOP, contrast=NONE, baseline="zero", method="atp", frozen=False, faithful=FAITHFUL,
-                    progress=gr.Progress()) -> Shown:
+                    scope=PHOTO_SCOPE, progress=gr.Progress()) -> Shown:
     """Both models' circuits for one class (a GPU call the first time for these choices; kept afterwards): the
-    words, the two graphs, the faithfulness curves and the node box (nothing picked)."""
+    words, the two graphs, the faithfulness curves and the node box (nothing picked); with the class `scope`, the
+    class circuits vitviz ships (`class_circuits`)."""
     if key is None:
         return Shown(WAITING, None, None, None, gr.Dropdown(choices=[], value=None), None, "", None)
     runs_ = runs(key)
+    if scope not in dict((v, k) for k, v in SCOPES):
+        raise gr.Error(f"The circuits explain this photo ({PHOTO_SCOPE!r}) or the class over the test set "
+                       f"({CLASS_SCOPE!r}), not {scope!r}.")
     asked = asked_for(runs_, target, contrast, baseline, method, frozen, faithful)
+    if scope == CLASS_SCOPE:
+        return class_circuits(runs_, asked[0])
     found = readings(key, asked, progress=progress)
     graphs = graphs_of(found)
     shared = shared_of(graphs)
@@ -226,6 +234,51 @@ def render_circuits(key, target=TOP, contrast=NONE, baseline="zero", method="atp
     return Shown("\n\n".join(line for line in lines if line), *pictures,
                  circuit_faithfulness(curves) if curves else None,
                  gr.Dropdown(choices=picker_choices(runs_, graphs), value=None), None, "", asked)
+
+
+def class_circuits(runs_: list[ModelRun], target: str) -> Shown:
+    """Each model's shipped circuit of the class over the test set (`circuits.classes.shipped`: the bundled
+    pair's), drawn on a grey photo of the model's input size (its maps are averages over the class's images, not
+    this photo's), with its F and interval; or why there is none. No model runs; the node cards are a photo's."""
+    from ..circuits.classes import shipped
+
+    graphs, lines = [], []
+    for run in runs_:
+        label = run.top(1)[0].label if target == OWN and run.has_classifier else target
+        graph = shipped(run.name, label) if run.has_classifier else None
+        graphs.append(graph)
+        if graph is None:
+            lines.append(f"**{run.name}**: no circuit of {label} over a data set ships for it (the bundled pair's "
+                         f"do); `vitviz circuits --models {run.name} --data cifar10 --class {label} --out DIR` makes "
+                         f"one.")
+            continue
+        f = graph["faithfulness"]
+        value = "undefined" if f["value"] is None else (
+            f"**F = {f['value']:.2f}** ({f['level']:.0%} interval {f['interval'][0]:.2f} to {f['interval'][1]:.2f})")
+        lines.append(f"**{run.name}**: {graph['metric']} over {f['images']} test images labelled {label}: {value} "
+                     f"with {f['concept_nodes']} concepts and {f['error_nodes']} error nodes, each node's effect its "
+                     f"mean over the images; the tiles show where each concept fires on average, on a grey photo.")
+    shared = shared_of(graphs)
+    pictures = [None if graph is None else class_picture(run, graph, mine)
+                for run, graph, mine in zip(runs_, graphs, shared)]
+    curves = {run.name: graph["faithfulness"] for run, graph in zip(runs_, graphs) if graph}
+    lines.append("A node's card is a photo's: choose *this photo* to open one.")
+    return Shown("\n\n".join(lines), *pictures, circuit_faithfulness(curves) if curves else None,
+                 gr.Dropdown(choices=[], value=None), None, "", None)
+
+
+def class_picture(run: ModelRun, graph: dict, shared: set[str]) -> np.ndarray:
+    """A class circuit drawn on a grey photo of the model's input size: its geometry (the token grids) is the
+    model's whatever the photo, its maps the class's averages."""
+    from PIL import Image
+
+    from ..circuits.pair import places
+    from ..render import Canvas
+
+    h, w = run.loaded.transform.crop
+    grey = Image.new("RGB", (w, h), (128, 128, 128))
+    canvas = Canvas(grey, run.loaded.transform, run.trace.embeddings)
+    return circuit_graph(graph, canvas, places(run.trace, run.loaded.transform, (h, w), graph), shared=shared)
 
 
 def name_of(circuit, node: str) -> str:
@@ -373,11 +426,11 @@ def after_explain(key) -> tuple:
     return (*class_box(key), *Shown("", None, None, None, gr.Dropdown(choices=[], value=None), None, "", None))
 
 
-def circuits_if_open(key, target, contrast, baseline, method, frozen, faithful, is_open: bool,
+def circuits_if_open(key, target, contrast, baseline, method, frozen, faithful, scope, is_open: bool,
                      progress=gr.Progress()) -> Shown:
     if not is_open:
         return Shown(*(gr.skip(),) * len(Shown._fields))
-    return render_circuits(key, target, contrast, baseline, method, frozen, faithful, progress=progress)
+    return render_circuits(key, target, contrast, baseline, method, frozen, faithful, scope, progress=progress)
 
 
 @dataclass
@@ -399,6 +452,8 @@ def layout(page: Page) -> CircuitsTab:
             faithful = gr.Slider(*FAITHFUL_RANGE, value=FAITHFUL, step=0.05, label="faithfulness to reach",
                                  info="the circuit: the fewest nodes, strongest first, whose F reaches this",
                                  min_width=220, elem_id="circuits-faithfulness")
+            scope = gr.Radio(SCOPES, value=PHOTO_SCOPE, label="the circuits explain", min_width=220,
+                             elem_id="circuits-scope")
             draw = gr.Button("Draw the circuits", variant="primary", scale=0, min_width=160, elem_id="circuits-draw")
         with gr.Row(equal_height=False):
             with gr.Column(min_width=220):
@@ -428,13 +483,14 @@ def layout(page: Page) -> CircuitsTab:
 
     with tab:   # not among the top-level Tabs' children, which Gradio's frontend counts as its tabs' indices
         is_open, asked = gr.State(False), gr.State(None)
-    choices = [target, contrast, baseline, method, frozen, faithful]
+    choices = [target, contrast, baseline, method, frozen, faithful, scope]
     outputs = [note, graph_a, graph_b, curves, picker, card, words, asked]
     draw.click(as_files(render_circuits), inputs=[key, *choices], outputs=outputs, api_name="circuit",
                **MODEL_EVENTS)
     tab.select(as_files(render_circuits), inputs=[key, *choices], outputs=outputs, api_name=None, **MODEL_EVENTS,
                **HIDDEN)
-    for control in (target.input, contrast.input, baseline.input, method.input, frozen.input, faithful.release):
+    for control in (target.input, contrast.input, baseline.input, method.input, frozen.input, faithful.release,
+                    scope.input):
         control(as_files(render_circuits), inputs=[key, *choices], outputs=outputs, api_name=None, **MODEL_EVENTS,
                 **HIDDEN)
     card_outputs = [card, words, graph_a, graph_b, draw_concept]
