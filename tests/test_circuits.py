@@ -106,9 +106,10 @@ def test_node_and_edge_effects_equal_their_closed_forms_on_a_linear_network(toy)
     torch.testing.assert_close(concept_edges[10], to_error, rtol=1e-4, atol=1e-6)
 
 
-def kept_metric(loaded, pixels, metric, sites, concepts, errors) -> float:
+def kept_metric(loaded, pixels, metric, sites, concepts, errors, *, mean: bool = False) -> float:
     """m with, at each site in depth order, only `concepts[s]` (a set) and the error where `errors[s]` kept, every
-    other node at zero: each site's rows rebuilt here from its dictionary (not by `effects.ablated`)."""
+    other node at zero (`mean`: at its row's mean over the data, read from the site's `means`): each site's rows
+    rebuilt here from its dictionary (not by `effects.ablated` or `Site.baseline`)."""
     at = {site.block: s for s, site in enumerate(sites)}
 
     def edit(index, tokens):
@@ -120,7 +121,9 @@ def kept_metric(loaded, pixels, metric, sites, concepts, errors) -> float:
         error = rows - site.dictionary.decode(codes, rows)
         mask = torch.zeros(codes.shape[-1], dtype=torch.bool)
         mask[sorted(concepts[at[index]])] = True
-        rebuilt = site.dictionary.decode(codes * mask, rows) + (error if errors[at[index]] else 0)
+        base_codes, base_error = (site.means.codes, site.means.error) if mean else (0, 0)
+        rebuilt = site.dictionary.decode(torch.where(mask, codes, base_codes), rows) \
+            + (error if errors[at[index]] else base_error)
         return tokens + (site.write @ (rebuilt - rows))
 
     with torch.inference_mode():
@@ -578,3 +581,24 @@ def test_a_class_circuit_averages_each_images_effects_and_its_f_is_the_ratio_of_
     assert f["interval"][0] <= f["value"] <= f["interval"][1] and f["level"] == 0.95
     strongest = max((n for n in graph.nodes if n.kind == "concept" and n.block == 6), key=lambda n: abs(n.effect))
     assert strongest.effect == pytest.approx(float(mean(effects)[strongest.concept]), abs=1e-4)
+
+
+@pytest.mark.slow
+def test_the_mean_baseline_sets_every_node_to_its_rows_mean(vit_setup):
+    """With the mean baseline, m(∅) is the model with every concept's code and every error at its row's mean over the
+    data (means.safetensors beside each dictionary), and m(C) the circuit's nodes kept, the rest at theirs."""
+    loaded, _, pixels, metric = vit_setup
+    found = load_dictionaries(["vit-cifar10-block3", "vit-cifar10-last"])   # the circuit dictionaries carry means
+    with torch.inference_mode():
+        trace = loaded.model.trace(pixels, attention=False)
+    sites = sites_of(loaded, trace, [(s, d) for s, d, _ in found], image_size=(32, 32),
+                     folders=[folder for _, _, folder in found])
+    graph = circuit(loaded, pixels, sites, metric, baseline="mean")
+    f = graph.faithfulness
+    nothing = [set(), set()]
+    assert f["empty"] == pytest.approx(kept_metric(loaded, pixels, metric, sites, nothing, [False] * 2, mean=True),
+                                       abs=1e-4)
+    assert abs(f["empty"] - kept_metric(loaded, pixels, metric, sites, nothing, [False] * 2)) > 1e-2   # not zero's
+    concepts, errors = circuit_members(graph, sites)
+    assert f["circuit"] == pytest.approx(kept_metric(loaded, pixels, metric, sites, concepts, errors, mean=True),
+                                         abs=1e-4)

@@ -116,6 +116,13 @@ def circuit(loaded, pixels: Tensor, sites: Sequence[Site], metric: Metric, *, ba
                     f"class token alone; a dictionary of its grid cannot change the answer)."
                     for site, on_host in zip(sites, host)
                     if np.abs(on_host.effects).sum() + abs(on_host.error_effect) <= floor]
+    if frozen:
+        result.notes.append("Attention is held fixed: the effects and edges are those of the model whose attention "
+                            "patterns and norm scales are this photo's constants, while F and its ablations run the "
+                            "real model, so a node's effect need not match what taking it out does.")
+    if method == "ig":
+        result.notes.append("The node effects are integrated gradients'; the edges are attribution patching's "
+                            "(gradients at the photo), so a node's edges add up to its attribution-patching effect.")
     if baseline == "mean":
         result.notes += [f"The mean baseline at {block_words(site.block)} was taken over square photos and is "
                          f"resampled to this photo's {site.grid[0]} x {site.grid[1]} grid." for site, state in
