@@ -170,20 +170,22 @@ def test_faithfulness_is_the_papers_and_the_drawn_graph_is_the_circuit_it_measur
 
 
 def test_where_the_nodes_do_not_move_the_answer_f_is_a_sentence_not_a_number():
-    prefixes = Prefixes(positions=[], m=np.array([1.18, 1.19, 1.21]), concept_counts=np.array([0, 1, 2]),
-                        effects=np.array([0.02, 0.01]), value=1.21, spread=2.0, floor=1e-6)
+    prefixes = Prefixes(positions=[], counts=np.arange(3), m=np.array([1.18, 1.19, 1.21]),
+                        concept_counts=np.array([0, 1, 2]), effects=np.array([0.02, 0.01]), value=1.21, spread=2.0,
+                        floor=1e-6)
     assert not prefixes.defined and prefixes.faithfulness(1.19) is None
     size, why = prefixes.size(0.6)
     assert size == 2 and "F is undefined here" in why and "1.21 to 1.18" in why and "spread of the logits (2)" in why
     report = prefixes.report(size, faithful=0.6, without_circuit=1.2, errors_kept=(1.0, 1.1))
     assert report["value"] is None and report["completeness"] is None
     assert (report["full"], report["empty"], report["circuit"]) == (1.21, 1.18, 1.21)   # what F would divide
-    defined = Prefixes(positions=[], m=np.array([0.0, 0.7, 0.5, 1.0]), concept_counts=np.array([0, 1, 2, 2]),
-                       effects=np.array([0.7, 0.4, 0.2]), value=1.0, spread=2.0, floor=1e-6)
+    defined = Prefixes(positions=[], counts=np.arange(4), m=np.array([0.0, 0.7, 0.5, 1.0]),
+                       concept_counts=np.array([0, 1, 2, 2]), effects=np.array([0.7, 0.4, 0.2]), value=1.0, spread=2.0,
+                       floor=1e-6)
     assert defined.size(0.6) == (1, None) and defined.size(0.9)[0] == 3
     assert "No part of the ranking reaches F = 0.95" in Prefixes(
-        positions=[], m=np.array([0.0, 0.9]), concept_counts=np.array([0, 1]), effects=np.array([0.9]), value=1.0,
-        spread=2.0, floor=1e-6).size(0.95)[1]
+        positions=[], counts=np.arange(2), m=np.array([0.0, 0.9]), concept_counts=np.array([0, 1]),
+        effects=np.array([0.9]), value=1.0, spread=2.0, floor=1e-6).size(0.95)[1]
 
 
 def test_a_group_nodes_edges_are_its_members_summed(toy):

@@ -66,6 +66,8 @@ from .sites import Site
 CURVE = 11    # points of the curve over a data set: 0, 10 %, ..., 100 % of each image's ranked nodes
 SPREAD = 0.1  # |m(M) - m(∅)| below this share of the logits' standard deviation: F is no ratio worth reading
 PREFIXES = 256   # prefixes of the ranking measured in one forward (the model's batch)
+FIRST = 64       # prefix sizes measured first; each further batch twice the last, until F reaches the target
+GRID = 24        # sizes of the curve measured beyond the circuit's, up to every ranked node
 CHECKED = 8   # strongest nodes whose attribution is checked against activation patching
 NOTHING = 1e-6   # of |m| (at least 1): an effect this small is rounding, not a concept's
 
@@ -92,7 +94,8 @@ def circuit(loaded, pixels: Tensor, sites: Sequence[Site], metric: Metric, *, ba
         integrated_gradients(loaded, pixels, sites, states, metric, steps=steps, frozen=frozen)
     floor = NOTHING * max(1.0, abs(value))
     host = _read(states, estimates)
-    prefixes = prefix_faithfulness(loaded, pixels, sites, host, metric, value=value, baseline=baseline, floor=floor)
+    prefixes = prefix_faithfulness(loaded, pixels, sites, host, metric, value=value, baseline=baseline, floor=floor,
+                                   faithful=faithful)
     size, why = prefixes.size(faithful)
     members = [[int(c) for c in np.argsort(where.concepts) if where.concepts[c] < size] for where in prefixes.positions]
     drawn, grouped = [m[:most] for m in members], [m[most:] for m in members]
@@ -157,9 +160,12 @@ UNRANKED = np.inf
 
 @dataclass(frozen=True)
 class Prefixes:
-    """m for every prefix of the ranking of all nodes by |effect| (k = 0 .. N), and what F is made of."""
+    """m for prefixes of the ranking of all nodes by |effect| (the first k nodes kept, every other at its
+    baseline), and what F is made of. `counts` are the sizes measured, increasing from 0: every size up to the
+    circuit's, so the smallest reaching the target is exact, and a geometric grid beyond it up to every node."""
     positions: list[Position]      # per site
-    m: np.ndarray                  # N + 1: m with the first k nodes kept, every other at its baseline
+    counts: np.ndarray             # the prefix sizes measured, 0 first, every ranked node last
+    m: np.ndarray                  # m at each of them
     concept_counts: np.ndarray     # N + 1: how many of the first k nodes are concepts
     effects: np.ndarray            # N: the ranked nodes' |effect|, largest first
     value: float                   # m(M)
@@ -171,6 +177,10 @@ class Prefixes:
         return float(self.m[0])
 
     @property
+    def ranked(self) -> int:
+        return len(self.effects)
+
+    @property
     def defined(self) -> bool:
         span = abs(self.value - self.empty)
         return span > self.floor and span >= SPREAD * self.spread
@@ -178,9 +188,20 @@ class Prefixes:
     def faithfulness(self, m: float) -> float | None:
         return (m - self.empty) / (self.value - self.empty) if self.defined else None
 
+    def at(self, k: int) -> float:
+        """m with the first k ranked nodes kept (a size that was measured)."""
+        return float(self.m[int(np.searchsorted(self.counts, k))])
+
+    def reaches(self, faithful: float) -> int | None:
+        """The smallest measured size whose F reaches `faithful` (None where none does, or F is undefined)."""
+        if not self.defined:
+            return None
+        reached = np.flatnonzero((self.m - self.empty) / (self.value - self.empty) >= faithful - 1e-9)
+        return int(self.counts[reached[0]]) if reached.size else None
+
     def size(self, faithful: float) -> tuple[int, str | None]:
         """The circuit's number of ranked nodes, and the sentence a reader needs where F cannot choose it."""
-        n = len(self.m) - 1
+        n = self.ranked
         if not self.defined:
             held = np.cumsum(self.effects) / max(self.effects.sum(), 1e-30)
             size = min(int(np.searchsorted(held, UNDEFINED_SHARE - 1e-6)) + 1, n)
@@ -189,29 +210,29 @@ class Prefixes:
                           f"logits ({self.spread:.3g}), so the nodes together do not carry this answer and no share "
                           f"of it can be measured. Drawn instead: the {size} strongest nodes, holding "
                           f"{UNDEFINED_SHARE:.0%} of the total |effect|.")
-        f = (self.m - self.empty) / (self.value - self.empty)
-        reached = np.flatnonzero(f >= faithful - 1e-9)
-        if reached.size:
-            return int(reached[0]), None
+        reached = self.reaches(faithful)
+        if reached is not None:
+            return reached, None
         return n, (f"No part of the ranking reaches F = {faithful:.2f}: with every one of the {n} nodes that do "
-                   f"something, F = {f[-1]:.2f} (the rest of the answer is in what the sites leave out or in nodes "
-                   f"too small to rank).")
+                   f"something, F = {self.faithfulness(self.at(n)):.2f} (the rest of the answer is in what the sites "
+                   f"leave out or in nodes too small to rank).")
 
     def report(self, size: int, *, faithful: float, without_circuit: float, errors_kept: tuple[float, float]) -> dict:
-        """`Circuit.faithfulness`: F and the three values it divides, the metric and the curve at every size."""
+        """`Circuit.faithfulness`: F and the three values it divides, the metric and the curve at the sizes
+        measured."""
         empty_kept, circuit_kept = errors_kept
         kept_span = self.value - empty_kept
         kept_defined = abs(kept_span) > self.floor and abs(kept_span) >= SPREAD * self.spread
         concepts = int(self.concept_counts[size])
         return {
-            "value": self.faithfulness(float(self.m[size])), "target": faithful,
-            "full": self.value, "empty": self.empty, "circuit": float(self.m[size]),
+            "value": self.faithfulness(self.at(size)), "target": faithful,
+            "full": self.value, "empty": self.empty, "circuit": self.at(size),
             "completeness": self.faithfulness(without_circuit), "without_circuit": without_circuit,
             "logit_spread": self.spread, "nodes": size, "concept_nodes": concepts, "error_nodes": size - concepts,
-            "ranked_nodes": len(self.m) - 1, "active_concepts": int(self.concept_counts[-1]),
+            "ranked_nodes": self.ranked, "active_concepts": int(self.concept_counts[-1]),
             "ablation": "m(∅): every concept and every error node at its baseline (Marks et al.)",
-            "curve": [{"nodes": k, "concept_nodes": int(c), "faithfulness": self.faithfulness(float(m))}
-                      for k, (c, m) in enumerate(zip(self.concept_counts, self.m))],
+            "curve": [{"nodes": int(k), "concept_nodes": int(self.concept_counts[k]),
+                       "faithfulness": self.faithfulness(float(m))} for k, m in zip(self.counts, self.m)],
             "errors_kept": {"value": (circuit_kept - empty_kept) / kept_span if kept_defined else None,
                             "empty": empty_kept, "circuit": circuit_kept,
                             "ablation": "m(∅) with every error node kept, in m(C) too (not the paper's)"}}
@@ -245,19 +266,50 @@ def prefix_masks(positions: Sequence[Position], counts: np.ndarray) -> tuple[lis
 
 
 def prefix_faithfulness(loaded, pixels: Tensor, sites: Sequence[Site], host: Sequence[OnHost], metric: Metric, *,
-                        value: float, baseline: str, floor: float) -> Prefixes:
-    """m for every prefix of the `ranking` of every node by |effect|, and the photo's logits' spread, from batched
-    forwards read back at once."""
+                        value: float, baseline: str, floor: float, faithful: float | None = None,
+                        counts: Sequence[int] = ()) -> Prefixes:
+    """m for prefixes of the `ranking` of every node by |effect|, and the photo's logits' spread: every size from 0
+    in batches that double (`FIRST` sizes, then twice as many...) until F reaches `faithful` (without it, every
+    size), so the smallest size reaching it is exact and costs about as many rows as the circuit has nodes, not as
+    the ranking; then a geometric grid of `GRID` sizes up to every node, with `counts` (sizes asked for besides).
+    One read a batch."""
     positions, ranked = ranking(host, floor)
-    keep, errors = prefix_masks(positions, np.arange(len(ranked) + 1))
-    keep = [np.concatenate([k, np.ones((1, k.shape[1]), bool)]) for k in keep]   # then everything: the photo itself
-    errors = np.concatenate([errors, np.ones((1, len(sites)), bool)])
-    logits = ablated_rows(loaded, pixels, sites, keep, errors, baseline=baseline)
-    m, spread = to_host([metric(logits[:-1]), logits[-1].float().std()])
+    n = len(ranked)
     is_concept = np.array([c >= 0 for _, _, c in ranked], dtype=np.int64)
-    return Prefixes(positions=positions, m=m, concept_counts=np.concatenate([[0], np.cumsum(is_concept)]),
-                    effects=np.array([e for e, _, _ in ranked], dtype=np.float64), value=value, spread=float(spread),
-                    floor=floor)
+    concept_counts = np.concatenate([[0], np.cumsum(is_concept)])
+    effects = np.array([e for e, _, _ in ranked], dtype=np.float64)
+
+    def measure(sizes: np.ndarray, with_photo: bool = False) -> list[np.ndarray]:
+        keep, errors = prefix_masks(positions, sizes)
+        if with_photo:   # then everything: the photo through the spliced sites, for the logits' spread
+            keep = [np.concatenate([k, np.ones((1, k.shape[1]), bool)]) for k in keep]
+            errors = np.concatenate([errors, np.ones((1, len(sites)), bool)])
+        logits = ablated_rows(loaded, pixels, sites, keep, errors, baseline=baseline)
+        if with_photo:
+            return to_host([metric(logits[:-1]), logits[-1].float().std()])
+        return to_host([metric(logits)])
+
+    def prefixes(measured: list[tuple[np.ndarray, np.ndarray]]) -> Prefixes:
+        sizes = np.concatenate([part for part, _ in measured])
+        order = np.argsort(sizes, kind="stable")
+        return Prefixes(positions=positions, counts=sizes[order], m=np.concatenate([m for _, m in measured])[order],
+                        concept_counts=concept_counts, effects=effects, value=value, spread=float(spread),
+                        floor=floor)
+
+    first = np.arange(min(FIRST, n) + 1)
+    m, spread = measure(first, with_photo=True)
+    measured, batch, done = [(first, m)], FIRST, int(first[-1])
+    while done < n and not (faithful is not None and (not prefixes(measured).defined
+                                                     or prefixes(measured).reaches(faithful) is not None)):
+        batch *= 2
+        step = np.arange(done + 1, min(done + batch, n) + 1)
+        measured.append((step, measure(step)[0]))
+        done = int(step[-1])
+    rest = np.setdiff1d(np.concatenate([np.round(np.geomspace(done + 1, n, GRID)) if done < n else [],
+                                        np.asarray(counts, dtype=np.float64)]).astype(np.int64), np.arange(done + 1))
+    if rest.size:   # the curve beyond the circuit, and the sizes asked for
+        measured.append((rest, measure(rest)[0]))
+    return prefixes(measured)
 
 
 def ablated_rows(loaded, pixels: Tensor, sites: Sequence[Site], keep: Sequence[np.ndarray], errors: np.ndarray, *,
@@ -484,11 +536,13 @@ def faithfulness_over(loaded, data, sites_for, *, indices: Sequence[int], baseli
         value, states = attribution(loaded, pixels, sites, metric, baseline=baseline, frozen=frozen)
         if method == "ig":
             integrated_gradients(loaded, pixels, sites, states, metric, steps=steps, frozen=frozen)
-        prefixes = prefix_faithfulness(loaded, pixels, sites, _read(states, [state.effects for state in states]),
-                                       metric, value=value, baseline=baseline, floor=NOTHING * max(1.0, abs(value)))
-        n = len(prefixes.m) - 1
-        points = [round(f * n) for f in np.linspace(0, 1, CURVE)]
-        curves.append([(prefixes.faithfulness(float(prefixes.m[k])), k) for k in points])
+        host = _read(states, [state.effects for state in states])
+        floor = NOTHING * max(1.0, abs(value))
+        ranked = len(ranking(host, floor)[1])
+        points = [round(f * ranked) for f in np.linspace(0, 1, CURVE)]
+        prefixes = prefix_faithfulness(loaded, pixels, sites, host, metric, value=value, baseline=baseline,
+                                       floor=floor, faithful=faithful, counts=points)
+        curves.append([(prefixes.faithfulness(prefixes.at(k)), k) for k in points])
         if prefixes.defined:
             sizes.append(prefixes.size(faithful)[0])
     points = []
