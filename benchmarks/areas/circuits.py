@@ -4,8 +4,8 @@ costs on top.
 
 The floor, per model, as plain traced passes of the same batches (no dictionary, no edit): the photo's forward
 and backward (attribution patching), for each pair of consecutive sites a forward and backward of one copy per
-downstream target (the edges), and the forwards of the faithfulness's copies (one for every prefix of the ranked
-nodes, in batches of `PREFIXES`) and of the completeness and patching check's.
+downstream target (the edges), and the forwards of the faithfulness's copies (one for every prefix size measured,
+in batches of `PREFIXES`) and of the completeness and patching check's.
 """
 from __future__ import annotations
 
@@ -48,8 +48,8 @@ def measure(bench: Bench, items: set[str]) -> None:
             for up, down in zip(sites, sites[1:]):
                 copies = sum(1 for n in graph.nodes if n.block == down.block)
                 between(loaded, pixels, up.block, down.block, copies)
-            with torch.inference_mode():   # every prefix of the ranking, then completeness and the patching check
-                rows = graph.faithfulness["ranked_nodes"] + 2
+            with torch.inference_mode():   # the prefixes measured and the photo, then completeness and patching
+                rows = len(graph.faithfulness["curve"]) + 1
                 for start in range(0, rows, PREFIXES):
                     loaded.model.trace(pixels, attention=False,
                                        edit=copied(sites[0].block, min(PREFIXES, rows - start)))
