@@ -13,8 +13,9 @@ every error node, in m(∅) and in m(C), is reported beside it, named (`errors_k
 answer its denominator vanishes, which is why it is not the default.
 
 The faithful circuit. Every node (concepts and error nodes of every site) is ranked by |effect|, largest first,
-across all sites; m is measured for every prefix of that ranking (k = 0 .. N nodes: one batched forward), so F is
-exact at every size, and the circuit is the smallest prefix whose F reaches `faithful` (default 0.6). Completeness
+across all sites; m is measured for every prefix of that ranking from k = 0 in batched forwards that double until
+F reaches `faithful` (default 0.6), so the circuit, the smallest prefix that reaches it, is exact and costs about
+as many rows as it has nodes; a geometric grid beyond draws the rest of the curve. Completeness
 is the same ratio with C removed and everything else kept: a circuit that holds the mechanism leaves little behind.
 
 What is drawn. Each site's circuit concepts, the strongest `most` one by one and the rest grouped into one node
