@@ -618,3 +618,20 @@ def test_the_bundled_vits_cat_circuit_is_faithful_with_at_most_two_fifths_of_its
     assert graph.target_label == "cat" and f["value"] >= 0.6
     assert f["concept_nodes"] <= 0.4 * f["active_concepts"], f
     assert graph.size["concept_nodes"] == f["concept_nodes"]   # the drawn graph holds them all (groups included)
+
+
+def test_the_bundled_pairs_class_circuits_ship_for_every_class_with_f_inside_its_interval():
+    """checkpoints/circuits/: each model's circuit of every CIFAR-10 class over 100 test images, F a number within
+    its bootstrap interval (or a sentence), and the drawn graph holding the circuit's concepts."""
+    from vitviz import catalog
+    from vitviz.circuits.classes import shipped
+
+    for model in catalog.BUNDLED_PAIR:
+        labels = hub.load(model).labels
+        for label in labels:
+            graph = shipped(model, label)
+            assert graph is not None, (model, label)
+            f = graph["faithfulness"]
+            assert f["images"] == 100 and graph["metric_kind"] == "logit minus mean"
+            assert -1 <= f["value"] <= 2 and f["interval"][0] <= f["value"] <= f["interval"][1], (model, label)
+            assert f["value"] >= f["target"] and graph["size"]["concept_nodes"] == f["concept_nodes"]

@@ -134,6 +134,8 @@ def test_the_wheel_holds_every_module_the_bundled_models_and_vitviz_version(whee
         shipped = {str(p.relative_to(ROOT / "checkpoints")) for p in dictionary.path.iterdir()
                    if p.suffix in (".safetensors", ".json")}
         assert {f"vitviz/checkpoints/{name}" for name in shipped} <= names, dictionary.name
+    circuits = {f"vitviz/checkpoints/circuits/{p.name}" for p in catalog.CLASS_CIRCUITS.glob("*.json")}
+    assert len(circuits) == 20 and circuits <= names   # the bundled pair's class circuits, every class
     for entry in catalog.bundled():
         assert {f"vitviz/checkpoints/{entry.source}/config.json",
                 f"vitviz/checkpoints/{entry.source}/model.safetensors"} <= names, entry.name
