@@ -12,8 +12,8 @@ The JSON (one a graph, `Circuit.to_json`): the model, the metric (its words and 
 the method, whether attention was held fixed, the sites (which dictionary each block's nodes come from), the nodes
 (id, kind: concept, group, error, input or logit; block, concept number, name, effect, activation, and where it
 fires: the site's grid and the node's value at each of its cells, the class token's apart), the edges (source,
-target, weight), the faithfulness (F, the three values it divides, the curve at the sizes measured) and the check against
-activation patching, and the graph's size.
+target, weight), the faithfulness (F, the three values it divides, the curve at the sizes measured) and the check
+against activation patching, and the graph's size.
 """
 from __future__ import annotations
 

@@ -331,8 +331,8 @@ def circuit_faithfulness(faithfulness: Mapping[str, Mapping]) -> np.ndarray:
         ax.axhline(level, color="0.7", lw=0.8)
     ax.set_xlabel("share of the ranked nodes kept, strongest |effect| first (the circuit's size)", fontsize=9)
     ax.set_ylabel("faithfulness F", fontsize=9)
-    ax.set_title("F = (m(circuit) - m(∅)) / (m(model) - m(∅)), ∅: every concept and error node at its baseline",
-                 fontsize=9)
+    ax.set_title("F = (m(C) − m(∅)) / (m(M) − m(∅)); ∅: every concept and error node at its baseline", fontsize=9,
+                 loc="left")
     ax.set_xlim(0, 1)
     ax.set_ylim(-1.05, 2.05)
     ax.tick_params(labelsize=8)
