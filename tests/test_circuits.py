@@ -16,8 +16,8 @@ from torch import Tensor, nn
 from tiny_models import FAMILIES, tiny, tiny_sites
 from vitviz import hub
 from vitviz.circuits import Metric, circuit, load_dictionaries, photo_circuit, rank_correlation, sites_of
-from vitviz.circuits.circuit import Prefixes
 from vitviz.circuits.effects import ablated, attribution, edges_between, integrated_gradients, splice
+from vitviz.circuits.prefixes import Prefixes
 from vitviz.circuits.sites import Site
 from vitviz.concepts import ConceptsError
 from vitviz.concepts.kinds.standard import Standard

@@ -44,7 +44,7 @@ def few_dictionaries():
 def shown_pair(few_dictionaries) -> tuple[str, circuits.Shown]:
     """One Explain of the photo and the tab's circuits of it, by default but holding every ranked node (on this photo
     one concept already reaches F 0.6; the cards' tests need nodes at every site): (its key, what the tab shows)."""
-    from vitviz.circuits.circuit import Prefixes
+    from vitviz.circuits.prefixes import Prefixes
 
     key = explained()
     with pytest.MonkeyPatch.context() as patch:

@@ -256,7 +256,7 @@ def test_a_circuit_waits_a_few_times_whatever_its_nodes_never_once_a_node(family
     for the curve's grid beyond the circuit: logarithmic in the ranking, none per node, edge or site."""
     from tiny_models import tiny as tiny_of_family, tiny_sites
     from vitviz.circuits import Metric, circuit
-    from vitviz.circuits.circuit import FIRST
+    from vitviz.circuits.prefixes import FIRST
 
     model = tiny_of_family(family)
     counts, sizes = {}, {}

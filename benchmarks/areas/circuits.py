@@ -16,7 +16,8 @@ import vitviz
 from timing import report
 from vitviz import catalog
 from vitviz.circuits import Metric, circuit, load_dictionaries, sites_of
-from vitviz.circuits.circuit import CHECKED, PREFIXES
+from vitviz.circuits.circuit import CHECKED
+from vitviz.circuits.prefixes import PREFIXES
 from workbench import PHOTO, Bench
 
 SECONDS = 3.0   # at most: the bundled pair's two circuits with the faithful-size search, CPU (issue 55)

@@ -22,10 +22,11 @@ from PIL import Image
 
 from ..concepts.files import folder_of
 from ..concepts.kinds.dictionary import ConceptsError
-from .circuit import circuit, faithfulness_over, patching_check, prefix_faithfulness, rank_correlation
+from .circuit import circuit, faithfulness_over, patching_check, rank_correlation
 from .effects import BASELINES, IG_STEPS, METHODS, METRICS, Metric
 from .graph import EDGE_SHARE, FAITHFUL, MOST, Circuit, Edge, Node
-from .sites import Site, sites_of
+from .prefixes import prefix_faithfulness
+from .sites import Site, image_sites, sites_of
 
 __all__ = ["BASELINES", "Circuit", "EDGE_SHARE", "Edge", "FAITHFUL", "IG_STEPS", "METHODS", "METRICS", "MOST", "Metric",
            "Node", "Site", "circuit", "data_class_circuit", "data_faithfulness", "faithfulness_over",
@@ -117,10 +118,8 @@ def data_class_circuit(loaded, data, *, dictionaries: Sequence[str | Path], targ
         return sites_of(loaded, trace, [(source, dictionary) for source, dictionary, _ in found],
                         image_size=(image.height, image.width), folders=[folder for _, _, folder in found])
     indices = [own[j] for j in spread(len(own), limit)]
-    first = data.image(indices[0]) if indices else None
-    with torch.inference_mode():   # the sites' concepts' names, from the first image's sites
-        names = [concept_names(site) for site in sites_for(
-            loaded.model.trace(loaded.preprocess(first).to(loaded.device), attention=False), first)] if first else None
+    names = [concept_names(site) for site in image_sites(loaded, data.image(indices[0]), sites_for)[2]] \
+        if indices else None   # the sites' concepts' names, from the first image's sites
     return class_circuit(loaded, data, sites_for, target=target, indices=indices, names=names, ranks=ranks,
                          **settings)
 

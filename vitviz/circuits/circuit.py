@@ -1,22 +1,12 @@
 """One photo's circuit through one model: node effects, the faithful circuit, edges, and what it means.
 
-Faithfulness (Marks et al. 2024). With m(M) the model's metric on the photo, m(∅) the metric with every node at its
-baseline (every concept *and* every error node: the paper's convention), and m(C) the metric with every node outside
-the circuit C at its baseline (the sites patched in depth order, each reading what the patched blocks before it
-made),
-
-    F(C) = (m(C) - m(∅)) / (m(M) - m(∅))
-
-Where |m(M) - m(∅)| is below `SPREAD` of the photo's logits' standard deviation, the nodes together do not move the
-answer and no ratio means anything: F is None and the circuit's notes say so in a sentence. The variant that keeps
-every error node, in m(∅) and in m(C), is reported beside it, named (`errors_kept`): where the errors carry the
-answer its denominator vanishes, which is why it is not the default.
-
-The faithful circuit. Every node (concepts and error nodes of every site) is ranked by |effect|, largest first,
-across all sites; m is measured for every prefix of that ranking from k = 0 in batched forwards that double until
-F reaches `faithful` (default 0.6), so the circuit, the smallest prefix that reaches it, is exact and costs about
-as many rows as it has nodes; a geometric grid beyond draws the rest of the curve. Completeness
-is the same ratio with C removed and everything else kept: a circuit that holds the mechanism leaves little behind.
+Faithfulness (Marks et al. 2024): F(C) = (m(C) - m(∅)) / (m(M) - m(∅)) with m(∅) every concept *and* error node
+at its baseline; the circuit is the smallest prefix of every node ranked by |effect| across all sites whose F
+reaches `faithful` (default 0.6), found by `prefixes.prefix_faithfulness` (exact, about as many rows as the circuit
+has nodes); where the nodes together do not move the answer, F is None and a sentence says why. The variant that
+keeps every error node, in m(∅) and in m(C), is reported beside it, named (`errors_kept`): where the errors carry
+the answer its denominator vanishes, which is why it is not the default. Completeness is the same ratio with C
+removed and everything else kept: a circuit that holds the mechanism leaves little behind.
 
 What is drawn. Each site's circuit concepts, the strongest `most` one by one and the rest grouped into one node
 ("N more concepts", its members listed), and the site's error node (marked when it is not in the circuit): what is
@@ -29,7 +19,6 @@ reported with their rank correlation.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -41,7 +30,6 @@ from .effects import (
     METHODS,
     Metric,
     SiteState,
-    ablated,
     attribution,
     check_metric,
     edges_between,
@@ -62,13 +50,11 @@ from .graph import (
     node_id,
     unread_id,
 )
-from .sites import Site
+from .host import OnHost, read_states, to_host
+from .prefixes import ablated_rows, prefix_faithfulness, ranking
+from .sites import Site, image_sites
 
 CURVE = 11    # points of the curve over a data set: 0, 10 %, ..., 100 % of each image's ranked nodes
-SPREAD = 0.1  # |m(M) - m(∅)| below this share of the logits' standard deviation: F is no ratio worth reading
-PREFIXES = 256   # prefixes of the ranking measured in one forward (the model's batch)
-FIRST = 64       # prefix sizes measured first; each further batch twice the last, until F reaches the target
-GRID = 24        # sizes of the curve measured beyond the circuit's, up to every ranked node
 CHECKED = 8   # strongest nodes whose attribution is checked against activation patching
 NOTHING = 1e-6   # of |m| (at least 1): an effect this small is rounding, not a concept's
 
@@ -94,7 +80,7 @@ def circuit(loaded, pixels: Tensor, sites: Sequence[Site], metric: Metric, *, ba
     if method == "ig":
         integrated_gradients(loaded, pixels, sites, states, metric, steps=steps, frozen=frozen)
     floor = NOTHING * max(1.0, abs(value))
-    host = _read(states, estimates)
+    host = read_states(states, estimates)
     prefixes = prefix_faithfulness(loaded, pixels, sites, host, metric, value=value, baseline=baseline, floor=floor,
                                    faithful=faithful)
     size, why = prefixes.size(faithful)
@@ -146,213 +132,6 @@ def circuit(loaded, pixels: Tensor, sites: Sequence[Site], metric: Metric, *, ba
                                           errors_kept=(float(m[1]), float(m[2])))
     result.patching = _patching_report(m[3:], strongest, sites, host, value=value)
     return result
-
-
-@dataclass(frozen=True)
-class Position:
-    """Where a site's nodes stand in the ranking: each concept's place (`UNRANKED` for one that does nothing) and the
-    error node's."""
-    concepts: np.ndarray   # n
-    error: float
-
-
-UNRANKED = np.inf
-
-
-@dataclass(frozen=True)
-class Prefixes:
-    """m for prefixes of the ranking of all nodes by |effect| (the first k nodes kept, every other at its
-    baseline), and what F is made of. `counts` are the sizes measured, increasing from 0: every size up to the
-    circuit's, so the smallest reaching the target is exact, and a geometric grid beyond it up to every node."""
-    positions: list[Position]      # per site
-    counts: np.ndarray             # the prefix sizes measured, 0 first, every ranked node last
-    m: np.ndarray                  # m at each of them
-    concept_counts: np.ndarray     # N + 1: how many of the first k nodes are concepts
-    effects: np.ndarray            # N: the ranked nodes' |effect|, largest first
-    value: float                   # m(M)
-    spread: float                  # the standard deviation of the photo's logits (over the classes)
-    floor: float
-
-    @property
-    def empty(self) -> float:
-        return float(self.m[0])
-
-    @property
-    def ranked(self) -> int:
-        return len(self.effects)
-
-    @property
-    def defined(self) -> bool:
-        span = abs(self.value - self.empty)
-        return span > self.floor and span >= SPREAD * self.spread
-
-    def faithfulness(self, m: float) -> float | None:
-        return (m - self.empty) / (self.value - self.empty) if self.defined else None
-
-    def at(self, k: int) -> float:
-        """m with the first k ranked nodes kept (a size that was measured)."""
-        return float(self.m[int(np.searchsorted(self.counts, k))])
-
-    def reaches(self, faithful: float) -> int | None:
-        """The smallest measured size whose F reaches `faithful` (None where none does, or F is undefined)."""
-        if not self.defined:
-            return None
-        reached = np.flatnonzero((self.m - self.empty) / (self.value - self.empty) >= faithful - 1e-9)
-        return int(self.counts[reached[0]]) if reached.size else None
-
-    def size(self, faithful: float) -> tuple[int, str | None]:
-        """The circuit's number of ranked nodes, and the sentence a reader needs where F cannot choose it."""
-        n = self.ranked
-        if not self.defined:
-            held = np.cumsum(self.effects) / max(self.effects.sum(), 1e-30)
-            size = min(int(np.searchsorted(held, UNDEFINED_SHARE - 1e-6)) + 1, n)
-            return size, (f"F is undefined here: every node at its baseline moves the metric only from "
-                          f"{self.value:.3g} to {self.empty:.3g}, less than {SPREAD:.0%} of the spread of the "
-                          f"logits ({self.spread:.3g}), so the nodes together do not carry this answer and no share "
-                          f"of it can be measured. Drawn instead: the {size} strongest nodes, holding "
-                          f"{UNDEFINED_SHARE:.0%} of the total |effect|.")
-        reached = self.reaches(faithful)
-        if reached is not None:
-            return reached, None
-        return n, (f"No part of the ranking reaches F = {faithful:.2f}: with every one of the {n} nodes that do "
-                   f"something, F = {self.faithfulness(self.at(n)):.2f} (the rest of the answer is in what the sites "
-                   f"leave out or in nodes too small to rank).")
-
-    def report(self, size: int, *, faithful: float, without_circuit: float, errors_kept: tuple[float, float]) -> dict:
-        """`Circuit.faithfulness`: F and the three values it divides, the metric and the curve at the sizes
-        measured."""
-        empty_kept, circuit_kept = errors_kept
-        kept_span = self.value - empty_kept
-        kept_defined = abs(kept_span) > self.floor and abs(kept_span) >= SPREAD * self.spread
-        concepts = int(self.concept_counts[size])
-        return {
-            "value": self.faithfulness(self.at(size)), "target": faithful,
-            "full": self.value, "empty": self.empty, "circuit": self.at(size),
-            "completeness": self.faithfulness(without_circuit), "without_circuit": without_circuit,
-            "logit_spread": self.spread, "nodes": size, "concept_nodes": concepts, "error_nodes": size - concepts,
-            "ranked_nodes": self.ranked, "active_concepts": int(self.concept_counts[-1]),
-            "ablation": "m(∅): every concept and every error node at its baseline (Marks et al.)",
-            "curve": [{"nodes": int(k), "concept_nodes": int(self.concept_counts[k]),
-                       "faithfulness": self.faithfulness(float(m))} for k, m in zip(self.counts, self.m)],
-            "errors_kept": {"value": (circuit_kept - empty_kept) / kept_span if kept_defined else None,
-                            "empty": empty_kept, "circuit": circuit_kept,
-                            "ablation": "m(∅) with every error node kept, in m(C) too (not the paper's)"}}
-
-
-UNDEFINED_SHARE = 0.8   # of the total |effect|: what is drawn where F cannot choose the size
-
-
-def ranking(host: Sequence[OnHost], floor: float) -> tuple[list[Position], list[tuple[float, int, int]]]:
-    """Every node whose |effect| is above `floor` (concepts and error nodes of every site), largest first (ties in
-    site, then concept order): each site's `Position`s and the ranked (|effect|, site, concept or -1 for the
-    error)."""
-    effects = [(abs(float(h.effects[c])), s, int(c)) for s, h in enumerate(host) for c in np.flatnonzero(
-        np.abs(h.effects) > floor)]
-    effects += [(abs(h.error_effect), s, -1) for s, h in enumerate(host) if abs(h.error_effect) > floor]
-    ranked = sorted(effects, key=lambda e: -e[0])
-    positions = [Position(concepts=np.full(h.effects.size, UNRANKED), error=UNRANKED) for h in host]
-    for place, (_, s, c) in enumerate(ranked):
-        if c < 0:
-            positions[s] = Position(concepts=positions[s].concepts, error=place)
-        else:
-            positions[s].concepts[c] = place
-    return positions, ranked
-
-
-def prefix_masks(positions: Sequence[Position], counts: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
-    """Per site the concepts kept (len(counts) x n) and the errors kept (len(counts) x sites) when the first
-    counts[r] ranked nodes are kept and every other is at its baseline."""
-    keep = [where.concepts[None, :] < counts[:, None] for where in positions]
-    return keep, np.stack([where.error < counts for where in positions], 1)
-
-
-def prefix_faithfulness(loaded, pixels: Tensor, sites: Sequence[Site], host: Sequence[OnHost], metric: Metric, *,
-                        value: float, baseline: str, floor: float, faithful: float | None = None,
-                        counts: Sequence[int] = ()) -> Prefixes:
-    """m for prefixes of the `ranking` of every node by |effect|, and the photo's logits' spread: every size from 0
-    in batches that double (`FIRST` sizes, then twice as many...) until F reaches `faithful` (without it, every
-    size), so the smallest size reaching it is exact and costs about as many rows as the circuit has nodes, not as
-    the ranking; then a geometric grid of `GRID` sizes up to every node, with `counts` (sizes asked for besides).
-    One read a batch."""
-    positions, ranked = ranking(host, floor)
-    n = len(ranked)
-    is_concept = np.array([c >= 0 for _, _, c in ranked], dtype=np.int64)
-    concept_counts = np.concatenate([[0], np.cumsum(is_concept)])
-    effects = np.array([e for e, _, _ in ranked], dtype=np.float64)
-
-    def measure(sizes: np.ndarray, with_photo: bool = False) -> list[np.ndarray]:
-        keep, errors = prefix_masks(positions, sizes)
-        if with_photo:   # then everything: the photo through the spliced sites, for the logits' spread
-            keep = [np.concatenate([k, np.ones((1, k.shape[1]), bool)]) for k in keep]
-            errors = np.concatenate([errors, np.ones((1, len(sites)), bool)])
-        logits = ablated_rows(loaded, pixels, sites, keep, errors, baseline=baseline)
-        if with_photo:
-            return to_host([metric(logits[:-1]), logits[-1].float().std()])
-        return to_host([metric(logits)])
-
-    def prefixes(measured: list[tuple[np.ndarray, np.ndarray]]) -> Prefixes:
-        sizes = np.concatenate([part for part, _ in measured])
-        order = np.argsort(sizes, kind="stable")
-        return Prefixes(positions=positions, counts=sizes[order], m=np.concatenate([m for _, m in measured])[order],
-                        concept_counts=concept_counts, effects=effects, value=value, spread=float(spread),
-                        floor=floor)
-
-    first = np.arange(min(FIRST, n) + 1)
-    m, spread = measure(first, with_photo=True)
-    measured, batch, done = [(first, m)], FIRST, int(first[-1])
-    while done < n and not (faithful is not None and (not prefixes(measured).defined
-                                                     or prefixes(measured).reaches(faithful) is not None)):
-        batch *= 2
-        step = np.arange(done + 1, min(done + batch, n) + 1)
-        measured.append((step, measure(step)[0]))
-        done = int(step[-1])
-    rest = np.setdiff1d(np.concatenate([np.round(np.geomspace(done + 1, n, GRID)) if done < n else [],
-                                        np.asarray(counts, dtype=np.float64)]).astype(np.int64), np.arange(done + 1))
-    if rest.size:   # the curve beyond the circuit, and the sizes asked for
-        measured.append((rest, measure(rest)[0]))
-    return prefixes(measured)
-
-
-def ablated_rows(loaded, pixels: Tensor, sites: Sequence[Site], keep: Sequence[np.ndarray], errors: np.ndarray, *,
-                  baseline: str) -> Tensor:
-    """`ablated`'s logits for rows of host masks (per site rows x n, and rows x sites for the errors), `PREFIXES`
-    rows a forward; the results stay on the device until read with the rest."""
-    device = pixels.device
-    out = []
-    for start in range(0, errors.shape[0], PREFIXES):
-        part = slice(start, start + PREFIXES)
-        out.append(ablated(loaded, pixels, sites, [torch.from_numpy(k[part]).to(device) for k in keep],
-                           baseline=baseline, keep_errors=torch.from_numpy(errors[part]).to(device)))
-    return torch.cat(out)
-
-
-@dataclass(frozen=True)
-class OnHost:
-    """A site's numbers the graph is built from, read from the device at once with every other site's: the graph
-    is built node by node, and each number read alone would make the host wait for the device again."""
-    effects: np.ndarray        # n: each concept node's effect
-    estimates: np.ndarray      # n: attribution patching's (integrated gradients refine `effects`, not these)
-    activations: np.ndarray    # n: each concept's codes summed over the site's rows
-    error_effect: float
-    error_map: np.ndarray      # rows: the error's effect at each row
-    error_activation: float    # the error's norm summed over the rows
-
-
-def to_host(tensors: Sequence[Tensor]) -> list[np.ndarray]:
-    """`tensors` as float64 arrays of their shapes, in one transfer (one wait for the device)."""
-    flat = torch.cat([t.detach().reshape(-1).double() for t in tensors]).cpu().numpy()
-    ends = np.cumsum([t.numel() for t in tensors])
-    return [part.reshape(t.shape) for part, t in zip(np.split(flat, ends[:-1]), tensors)]
-
-
-def _read(states: Sequence[SiteState], estimates: Sequence[Tensor]) -> list[OnHost]:
-    parts = [(state.effects, estimate, state.codes[0].sum(0), state.error_effects, state.error_effect,
-              state.error[0].norm(dim=-1).sum()) for state, estimate in zip(states, estimates)]
-    values = to_host([tensor for site in parts for tensor in site])
-    return [OnHost(effects=effects, estimates=estimated, activations=activations, error_effect=float(error_effect),
-                   error_map=error_map, error_activation=float(error_activation))
-            for effects, estimated, activations, error_map, error_effect, error_activation
-            in zip(*[iter(values)] * 6)]
 
 
 def _site_record(site: Site, state: SiteState, host: OnHost) -> dict:
@@ -468,7 +247,7 @@ def patching_check(loaded, pixels: Tensor, sites: Sequence[Site], states: Sequen
                    top: int = CHECKED) -> dict:
     """Attribution patching's estimate against the real effect of taking each of the `top` strongest concept nodes
     (by the estimate) alone to its baseline, everything else kept: one batched forward."""
-    host = _read(states, estimates)
+    host = read_states(states, estimates)
     keep, strongest = _patching_masks(host, top=top)
     if not strongest:
         return _patching_report(None, strongest, sites, host, value=value)
@@ -528,16 +307,12 @@ def faithfulness_over(loaded, data, sites_for, *, indices: Sequence[int], baseli
 
     curves, sizes = [], []
     for i in tqdm(indices, desc=f"circuits of {loaded.name}", unit="image", disable=not progress):
-        image = data.image(i)
-        pixels = loaded.preprocess(image).to(loaded.device)
-        with torch.inference_mode():
-            trace = loaded.model.trace(pixels, attention=False)
-        sites = sites_for(trace, image)
+        pixels, trace, sites = image_sites(loaded, data.image(i), sites_for)
         metric = Metric(int(trace.logits[0].argmax()), centred=True)
         value, states = attribution(loaded, pixels, sites, metric, baseline=baseline, frozen=frozen)
         if method == "ig":
             integrated_gradients(loaded, pixels, sites, states, metric, steps=steps, frozen=frozen)
-        host = _read(states, [state.effects for state in states])
+        host = read_states(states, [state.effects for state in states])
         floor = NOTHING * max(1.0, abs(value))
         ranked = len(ranking(host, floor)[1])
         points = [round(f * ranked) for f in np.linspace(0, 1, CURVE)]

@@ -33,21 +33,12 @@ from torch import Tensor
 from .. import catalog
 from ..concepts.kinds.dictionary import ConceptsError
 from ..files import safe_name
-from .circuit import (
-    NOTHING,
-    SPREAD,
-    OnHost,
-    ablated_rows,
-    edge_tables,
-    graph_edges,
-    graph_nodes,
-    prefix_masks,
-    ranking,
-    to_host,
-)
+from .circuit import NOTHING, edge_tables, graph_edges, graph_nodes
 from .effects import Metric, attribution, check_metric
 from .graph import EDGE_SHARE, FAITHFUL, MOST, Circuit
-from .sites import Site
+from .host import OnHost, to_host
+from .prefixes import SPREAD, ablated_rows, prefix_masks, ranking
+from .sites import Site, image_sites
 
 SIZES = 24          # prefix sizes of the ranking measured on every image (geometric, with 0 and all)
 BOOTSTRAP = 1000    # resamples of the images for F's interval
@@ -71,11 +62,7 @@ def class_circuit(loaded, data, sites_for: Callable, *, target: int, indices: Se
     images = []
     sums: list[Tensor] | None = None
     for i in tqdm(mine, desc=f"{loaded.name}: {loaded.labels[target]}'s images", unit="image", disable=not shown):
-        image = data.image(i)
-        pixels = loaded.preprocess(image).to(loaded.device)
-        with torch.inference_mode():
-            trace = loaded.model.trace(pixels, attention=False)
-        sites = sites_for(trace, image)
+        pixels, trace, sites = image_sites(loaded, data.image(i), sites_for)
         value, states = attribution(loaded, pixels, sites, metric, baseline=baseline, on_host=False)
         images.append((pixels, sites, states, value))
         parts = [value.double(), trace.logits[0].double().std()] + [
@@ -99,9 +86,9 @@ def class_circuit(loaded, data, sites_for: Callable, *, target: int, indices: Se
     keep, errors = prefix_masks(positions, sizes)
     measured = torch.zeros(n, len(sizes) + 1, dtype=torch.float64, device=loaded.device)
     order = {index: row for row, index in enumerate(indices)}
-    for i, (pixels, image_sites, _, value_on_device) in zip(mine, tqdm(  # m at every size, then m(M)
+    for i, (pixels, its_sites, _, value_on_device) in zip(mine, tqdm(  # m at every size, then m(M)
             images, desc=f"{loaded.name}: F at {len(sizes)} sizes", unit="image", disable=not shown)):
-        m = metric(ablated_rows(loaded, pixels, image_sites, keep, errors, baseline=baseline)).double()
+        m = metric(ablated_rows(loaded, pixels, its_sites, keep, errors, baseline=baseline)).double()
         measured[order[i]] = torch.cat([m, value_on_device.double()[None]])
     measured = to_host(_all_reduced([measured]))[0]
     at_sizes, full = measured[:, :-1], measured[:, -1]
@@ -113,9 +100,9 @@ def class_circuit(loaded, data, sites_for: Callable, *, target: int, indices: Se
     members = [[int(c) for c in np.argsort(where.concepts) if where.concepts[c] < size] for where in positions]
     drawn, grouped = [m[:most] for m in members], [m[most:] for m in members]
     tables = None
-    for pixels, image_sites, states, _ in tqdm(images, desc=f"{loaded.name}: edges", unit="image",
+    for pixels, its_sites, states, _ in tqdm(images, desc=f"{loaded.name}: edges", unit="image",
                                                disable=not shown):   # the drawn nodes' edges and maps, summed
-        part = edge_tables(loaded, pixels, image_sites, states, drawn, grouped, frozen=False)
+        part = edge_tables(loaded, pixels, its_sites, states, drawn, grouped, frozen=False)
         tables = part if tables is None else [a + b for a, b in zip(tables, part)]
     tables = to_host([t / n for t in _all_reduced(tables)])
     edges, unread = graph_edges(sites, host, tables, drawn, grouped, edge_share=edge_share)

@@ -165,3 +165,12 @@ def sites_of(loaded, trace: Trace, dictionaries: Sequence[tuple[str, object]], *
                             f"these are at blocks {', '.join(map(str, blocks))}: give them in depth order, one a "
                             f"block.")
     return sites
+
+
+def image_sites(loaded, image, sites_for) -> tuple[Tensor, Trace, list[Site]]:
+    """An image's pixels for `loaded`, its trace (no attention maps) and its sites (`sites_for(trace, image)`): what
+    work over many images starts each image with."""
+    pixels = loaded.preprocess(image).to(loaded.device)
+    with torch.inference_mode():
+        trace = loaded.model.trace(pixels, attention=False)
+    return pixels, trace, sites_for(trace, image)

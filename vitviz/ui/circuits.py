@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import NamedTuple
 
 import gradio as gr
@@ -25,7 +24,8 @@ from ..render.circuits import ERROR_CMAP, circuit_faithfulness, circuit_graph, g
 from ..render.concepts import cell_overlay, concept_card, exemplar_layout, photo_side
 from ..session import ModelRun
 from . import gpu, pictures
-from .concepts import change, exemplar_tiles, percent
+from .circuit_words import OWN, SIDES, card_words, disagreement, model_words, shared_words
+from .concepts import exemplar_tiles
 from .shared import HIDDEN, INSTANT, MODEL_EVENTS, Page, as_files, runs, session
 
 TITLE = "Circuits"
@@ -40,10 +40,8 @@ WORDS = ("**Which concepts build each answer, block by block.** Each model's con
          "concepts\". The metric is the class's logit minus the mean logit, or minus the contrast class's.")
 WAITING = "Press **Explain** first: this panel reads both models on the image."
 TOP, NONE = "", ""   # the class box's value for the left model's top class; the contrast box's for none
-OWN = "each model's own"   # the class box's value for each model's own top class
 BASELINES = [("zero", "zero"), ("the data set's mean", "mean")]
 METHODS = [("attribution patching (one backward pass)", "atp"), ("integrated gradients (10 steps)", "ig")]
-SIDES = ("left", "right")
 FAITHFUL_RANGE = (0.1, 1.0)
 PHOTO_SCOPE, CLASS_SCOPE = "photo", "class"
 SCOPES = [("this photo", PHOTO_SCOPE), ("the class over the test set", CLASS_SCOPE)]
@@ -143,62 +141,6 @@ def graph_picture(run: ModelRun, graph: dict | None, shared: set[str], picked: s
                                                     picked=picked)
 
 
-def model_words(run: ModelRun, found: gpu.CircuitReading | str) -> str:
-    """A model's line: its metric, its dictionaries, the circuit's size, faithfulness and completeness, how well
-    attribution patching ranked the strongest nodes, and how attention was treated."""
-    if isinstance(found, str):
-        return f"**{run.name}**: {found}"
-    c = found.circuit
-    f, size = c.faithfulness, c.size
-    blocks = ", ".join(str(site["block"] + 1) for site in c.sites)
-    words = [f"**{run.name}**: {c.metric} = {c.value:.2f}, through {len(c.sites)} dictionar"
-             f"{'y' if len(c.sites) == 1 else 'ies'} (block{'s' * (len(c.sites) > 1)} {blocks}: "
-             f"{', '.join(found.sources)}); the circuit holds {f['concept_nodes']} of the {f['active_concepts']} "
-             f"active concepts and {f['error_nodes']} error node{'s' * (f['error_nodes'] != 1)} "
-             f"({size['edges']} edges drawn)"]
-    if f.get("value") is not None:
-        completeness = "" if f["completeness"] is None else (
-            f", completeness {f['completeness']:.2f} (the model with the circuit removed: near 0 is good)")
-        words.append(f"faithfulness **F = {f['value']:.2f}** = (m(C) {f['circuit']:.2f} - m(∅) {f['empty']:.2f}) / "
-                     f"(m(M) {f['full']:.2f} - m(∅)), every node outside it at its baseline, error nodes too"
-                     f"{completeness}")
-    rho = (c.patching or {}).get("rank_correlation")
-    if rho is not None:
-        words.append(f"attribution patching ranks its {len(c.patching['nodes'])} strongest nodes as patching each "
-                     f"alone does with a rank correlation of {rho:.2f}")
-    words.append(f"{c.method}, {c.baseline} baseline; attention: {c.attention}")
-    return " ".join(["; ".join(words) + ".", *c.notes])
-
-
-def disagreement(runs_: list[ModelRun], target: str) -> str:
-    """Where the models' top classes differ and both circuits build one class: a line saying so, and how to see each
-    model's own."""
-    classifiers = [run for run in runs_ if run.has_classifier]
-    tops = [run.top(1)[0] for run in classifiers]
-    if len(tops) < 2 or len({top.label for top in tops}) == 1 or target == OWN:
-        return ""
-    said = ", ".join(f"{SIDES[runs_.index(run)]} ({run.name}) says {top.label} ({top.prob:.0%})"
-                     for run, top in zip(classifiers, tops))
-    return (f"**The models disagree**: {said}; both circuits build {target}, so one of them explains a class it does "
-            f"not pick. Choose *each model's own top class* in the class box to see each one's own answer.")
-
-
-def shared_words(found: list[gpu.CircuitReading | str], shared: list[set[str]]) -> str:
-    """The line on the nodes both circuits hold: the same concept of one dictionary across both models."""
-    if any(isinstance(reading, str) for reading in found):
-        return ""
-    across = [{site["dictionary"] for site in reading.circuit.sites if site["across"]} for reading in found]
-    common = sorted(across[0] & across[1])
-    if not common:
-        return ""
-    named = sorted({found[0].circuit.node(node).name for node in shared[0]})
-    if not named:
-        return (f"Both read {', '.join(common)} (one dictionary across both models), but no concept of it is in both "
-                f"circuits.")
-    return (f"Both read {', '.join(common)} (one dictionary across both models); {len(named)} of its concepts are in "
-            f"both circuits (framed green): {', '.join(named)}.")
-
-
 def picker_choices(runs_: list[ModelRun], graphs: list[dict | None]) -> list[tuple[str, str]]:
     """Every node but the photo and the answer, as the node box lists them: (words, 'side:node id')."""
     choices = []
@@ -279,57 +221,6 @@ def class_picture(run: ModelRun, graph: dict, shared: set[str]) -> np.ndarray:
     grey = Image.new("RGB", (w, h), (128, 128, 128))
     canvas = Canvas(grey, run.loaded.transform, run.trace.embeddings)
     return circuit_graph(graph, canvas, places(run.trace, run.loaded.transform, (h, w), graph), shared=shared)
-
-
-def name_of(circuit, node: str) -> str:
-    """A node as the card's lists name it: 'the photo', 'the logit of cat', or its block and name."""
-    found = circuit.node(node)
-    return found.name if found.block is None else f"block {found.block + 1} {found.name}"
-
-
-def edge_words(circuit, edges) -> str:
-    return ", ".join(f"{name_of(circuit, node)} ({edge.weight:+.3f})" for node, edge in edges) or "none kept"
-
-
-def removal_words(found: gpu.CircuitReading, node) -> str:
-    """What removing a concept from its block does to the target's probability, or why it cannot be removed."""
-    removal = found.removal.get(node.block)
-    if removal is None:
-        return ""
-    if isinstance(removal, str):
-        return f"**Remove this concept**: not here. {removal}"
-    probability, top = removal.without[node.concept]
-    moved = f"{removal.target} {change(removal.probability, probability)}"
-    return (f"**Remove this concept** from block {node.block + 1} (the rest of the model run on): {moved}"
-            + (f", {top} on top." if top != removal.target else f", {removal.target} still on top."))
-
-
-def card_words(run: ModelRun, found: gpu.CircuitReading, node, partner: str) -> str:
-    """The card's words: what the node is, its effect, how often it fires, its strongest inputs and outputs, what
-    removing it does, and its twin in the other model."""
-    c = found.circuit
-    site = next(site for site in c.sites if site["block"] == node.block)
-    at_class = "" if node.class_token is None else f" (at the class token {node.class_token:.2f})"
-    if node.kind == "error":
-        what = (f"**The error at block {node.block + 1}** of {run.name} ({site['dictionary']}): what the dictionary "
-                f"misses of the block's tokens, kept so the model stays exact. Its effect on {c.metric}: "
-                f"**{node.effect:+.3f}**{at_class}; its norm summed over the cells is {node.activation:.2f}.")
-    else:
-        what = (f"**{node.name}**, block {node.block + 1} of {run.name} ({site['dictionary']}"
-                f"{', across both models' if site['across'] else ''}): its effect on {c.metric} is "
-                f"**{node.effect:+.3f}** ({c.method}, {c.baseline} baseline); its codes sum to {node.activation:.2f} "
-                f"over the photo{at_class}.")
-        if node.id in found.frequency:
-            what += f" It fires on {percent(found.frequency[node.id])} of {Path(found.data[node.block]).name}'s tokens."
-        elif node.block in found.index_words:
-            what += f" No top images: {found.index_words[node.block]}"
-    lines = [what,
-             "**Strongest inputs**: " + edge_words(c, [(e.source, e) for e in c.inputs(node.id)[:4]]),
-             "**Strongest outputs**: " + edge_words(c, [(e.target, e) for e in c.outputs(node.id)[:4]])]
-    if node.kind == "concept":
-        lines.append(removal_words(found, node))
-    lines.append(partner)
-    return "\n\n".join(line for line in lines if line)
 
 
 def card_picture(run: ModelRun, found: gpu.CircuitReading, node, shown: list | None = None) -> np.ndarray:

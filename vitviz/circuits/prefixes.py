@@ -1,0 +1,210 @@
+"""Faithfulness along the ranking of a circuit's nodes, and the smallest prefix that reaches a target.
+
+Every node (concepts and error nodes of every site) whose |effect| is above rounding is ranked, largest first,
+across all sites. With m(M) the metric on the photo, m(∅) the metric with every node at its baseline (every concept
+*and* every error node: Marks et al.'s convention) and m(k) the metric with the first k ranked nodes kept and every
+other at its baseline (the sites patched in depth order, each reading what the patched blocks before it made),
+
+    F(k) = (m(k) - m(∅)) / (m(M) - m(∅))
+
+m(k) is measured from k = 0 up in batched forwards that double (`FIRST` sizes, then twice as many...) until F
+reaches the target, so the circuit, the smallest prefix reaching it, is exact, and costs about as many rows as it
+has nodes rather than as the ranking; a geometric grid of `GRID` sizes draws the curve beyond. Where |m(M) - m(∅)|
+is below `SPREAD` of the photo's logits' standard deviation, the nodes together do not move the answer and no ratio
+means anything: F is None, and the circuit says so in a sentence (`Prefixes.size`).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .effects import Metric, ablated
+from .host import OnHost, to_host
+from .sites import Site
+
+SPREAD = 0.1  # |m(M) - m(∅)| below this share of the logits' standard deviation: F is no ratio worth reading
+PREFIXES = 256   # prefixes of the ranking measured in one forward (the model's batch)
+FIRST = 64       # prefix sizes measured first; each further batch twice the last, until F reaches the target
+GRID = 24        # sizes of the curve measured beyond the circuit's, up to every ranked node
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where a site's nodes stand in the ranking: each concept's place (`UNRANKED` for one that does nothing) and the
+    error node's."""
+    concepts: np.ndarray   # n
+    error: float
+
+
+UNRANKED = np.inf
+
+
+@dataclass(frozen=True)
+class Prefixes:
+    """m for prefixes of the ranking of all nodes by |effect| (the first k nodes kept, every other at its
+    baseline), and what F is made of. `counts` are the sizes measured, increasing from 0: every size up to the
+    circuit's, so the smallest reaching the target is exact, and a geometric grid beyond it up to every node."""
+    positions: list[Position]      # per site
+    counts: np.ndarray             # the prefix sizes measured, 0 first, every ranked node last
+    m: np.ndarray                  # m at each of them
+    concept_counts: np.ndarray     # N + 1: how many of the first k nodes are concepts
+    effects: np.ndarray            # N: the ranked nodes' |effect|, largest first
+    value: float                   # m(M)
+    spread: float                  # the standard deviation of the photo's logits (over the classes)
+    floor: float
+
+    @property
+    def empty(self) -> float:
+        return float(self.m[0])
+
+    @property
+    def ranked(self) -> int:
+        return len(self.effects)
+
+    @property
+    def defined(self) -> bool:
+        span = abs(self.value - self.empty)
+        return span > self.floor and span >= SPREAD * self.spread
+
+    def faithfulness(self, m: float) -> float | None:
+        return (m - self.empty) / (self.value - self.empty) if self.defined else None
+
+    def at(self, k: int) -> float:
+        """m with the first k ranked nodes kept (a size that was measured)."""
+        return float(self.m[int(np.searchsorted(self.counts, k))])
+
+    def reaches(self, faithful: float) -> int | None:
+        """The smallest measured size whose F reaches `faithful` (None where none does, or F is undefined)."""
+        if not self.defined:
+            return None
+        reached = np.flatnonzero((self.m - self.empty) / (self.value - self.empty) >= faithful - 1e-9)
+        return int(self.counts[reached[0]]) if reached.size else None
+
+    def size(self, faithful: float) -> tuple[int, str | None]:
+        """The circuit's number of ranked nodes, and the sentence a reader needs where F cannot choose it."""
+        n = self.ranked
+        if not self.defined:
+            held = np.cumsum(self.effects) / max(self.effects.sum(), 1e-30)
+            size = min(int(np.searchsorted(held, UNDEFINED_SHARE - 1e-6)) + 1, n)
+            return size, (f"F is undefined here: every node at its baseline moves the metric only from "
+                          f"{self.value:.3g} to {self.empty:.3g}, less than {SPREAD:.0%} of the spread of the "
+                          f"logits ({self.spread:.3g}), so the nodes together do not carry this answer and no share "
+                          f"of it can be measured. Drawn instead: the {size} strongest nodes, holding "
+                          f"{UNDEFINED_SHARE:.0%} of the total |effect|.")
+        reached = self.reaches(faithful)
+        if reached is not None:
+            return reached, None
+        return n, (f"No part of the ranking reaches F = {faithful:.2f}: with every one of the {n} nodes that do "
+                   f"something, F = {self.faithfulness(self.at(n)):.2f} (the rest of the answer is in what the sites "
+                   f"leave out or in nodes too small to rank).")
+
+    def report(self, size: int, *, faithful: float, without_circuit: float, errors_kept: tuple[float, float]) -> dict:
+        """`Circuit.faithfulness`: F and the three values it divides, the metric and the curve at the sizes
+        measured."""
+        empty_kept, circuit_kept = errors_kept
+        kept_span = self.value - empty_kept
+        kept_defined = abs(kept_span) > self.floor and abs(kept_span) >= SPREAD * self.spread
+        concepts = int(self.concept_counts[size])
+        return {
+            "value": self.faithfulness(self.at(size)), "target": faithful,
+            "full": self.value, "empty": self.empty, "circuit": self.at(size),
+            "completeness": self.faithfulness(without_circuit), "without_circuit": without_circuit,
+            "logit_spread": self.spread, "nodes": size, "concept_nodes": concepts, "error_nodes": size - concepts,
+            "ranked_nodes": self.ranked, "active_concepts": int(self.concept_counts[-1]),
+            "ablation": "m(∅): every concept and every error node at its baseline (Marks et al.)",
+            "curve": [{"nodes": int(k), "concept_nodes": int(self.concept_counts[k]),
+                       "faithfulness": self.faithfulness(float(m))} for k, m in zip(self.counts, self.m)],
+            "errors_kept": {"value": (circuit_kept - empty_kept) / kept_span if kept_defined else None,
+                            "empty": empty_kept, "circuit": circuit_kept,
+                            "ablation": "m(∅) with every error node kept, in m(C) too (not the paper's)"}}
+
+
+UNDEFINED_SHARE = 0.8   # of the total |effect|: what is drawn where F cannot choose the size
+
+
+def ranking(host: Sequence[OnHost], floor: float) -> tuple[list[Position], list[tuple[float, int, int]]]:
+    """Every node whose |effect| is above `floor` (concepts and error nodes of every site), largest first (ties in
+    site, then concept order): each site's `Position`s and the ranked (|effect|, site, concept or -1 for the
+    error)."""
+    effects = [(abs(float(h.effects[c])), s, int(c)) for s, h in enumerate(host) for c in np.flatnonzero(
+        np.abs(h.effects) > floor)]
+    effects += [(abs(h.error_effect), s, -1) for s, h in enumerate(host) if abs(h.error_effect) > floor]
+    ranked = sorted(effects, key=lambda e: -e[0])
+    positions = [Position(concepts=np.full(h.effects.size, UNRANKED), error=UNRANKED) for h in host]
+    for place, (_, s, c) in enumerate(ranked):
+        if c < 0:
+            positions[s] = Position(concepts=positions[s].concepts, error=place)
+        else:
+            positions[s].concepts[c] = place
+    return positions, ranked
+
+
+def prefix_masks(positions: Sequence[Position], counts: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
+    """Per site the concepts kept (len(counts) x n) and the errors kept (len(counts) x sites) when the first
+    counts[r] ranked nodes are kept and every other is at its baseline."""
+    keep = [where.concepts[None, :] < counts[:, None] for where in positions]
+    return keep, np.stack([where.error < counts for where in positions], 1)
+
+
+def prefix_faithfulness(loaded, pixels: Tensor, sites: Sequence[Site], host: Sequence[OnHost], metric: Metric, *,
+                        value: float, baseline: str, floor: float, faithful: float | None = None,
+                        counts: Sequence[int] = ()) -> Prefixes:
+    """m for prefixes of the `ranking` of every node by |effect|, and the photo's logits' spread: every size from 0
+    in batches that double (`FIRST` sizes, then twice as many...) until F reaches `faithful` (without it, every
+    size), so the smallest size reaching it is exact and costs about as many rows as the circuit has nodes, not as
+    the ranking; then a geometric grid of `GRID` sizes up to every node, with `counts` (sizes asked for besides).
+    One read a batch."""
+    positions, ranked = ranking(host, floor)
+    n = len(ranked)
+    is_concept = np.array([c >= 0 for _, _, c in ranked], dtype=np.int64)
+    concept_counts = np.concatenate([[0], np.cumsum(is_concept)])
+    effects = np.array([e for e, _, _ in ranked], dtype=np.float64)
+
+    def measure(sizes: np.ndarray, with_photo: bool = False) -> list[np.ndarray]:
+        keep, errors = prefix_masks(positions, sizes)
+        if with_photo:   # then everything: the photo through the spliced sites, for the logits' spread
+            keep = [np.concatenate([k, np.ones((1, k.shape[1]), bool)]) for k in keep]
+            errors = np.concatenate([errors, np.ones((1, len(sites)), bool)])
+        logits = ablated_rows(loaded, pixels, sites, keep, errors, baseline=baseline)
+        if with_photo:
+            return to_host([metric(logits[:-1]), logits[-1].float().std()])
+        return to_host([metric(logits)])
+
+    def prefixes(measured: list[tuple[np.ndarray, np.ndarray]]) -> Prefixes:
+        sizes = np.concatenate([part for part, _ in measured])
+        order = np.argsort(sizes, kind="stable")
+        return Prefixes(positions=positions, counts=sizes[order], m=np.concatenate([m for _, m in measured])[order],
+                        concept_counts=concept_counts, effects=effects, value=value, spread=float(spread),
+                        floor=floor)
+
+    first = np.arange(min(FIRST, n) + 1)
+    m, spread = measure(first, with_photo=True)
+    measured, batch, done = [(first, m)], FIRST, int(first[-1])
+    while done < n and not (faithful is not None and (not prefixes(measured).defined
+                                                     or prefixes(measured).reaches(faithful) is not None)):
+        batch *= 2
+        step = np.arange(done + 1, min(done + batch, n) + 1)
+        measured.append((step, measure(step)[0]))
+        done = int(step[-1])
+    rest = np.setdiff1d(np.concatenate([np.round(np.geomspace(done + 1, n, GRID)) if done < n else [],
+                                        np.asarray(counts, dtype=np.float64)]).astype(np.int64), np.arange(done + 1))
+    if rest.size:   # the curve beyond the circuit, and the sizes asked for
+        measured.append((rest, measure(rest)[0]))
+    return prefixes(measured)
+
+
+def ablated_rows(loaded, pixels: Tensor, sites: Sequence[Site], keep: Sequence[np.ndarray], errors: np.ndarray, *,
+                  baseline: str) -> Tensor:
+    """`ablated`'s logits for rows of host masks (per site rows x n, and rows x sites for the errors), `PREFIXES`
+    rows a forward; the results stay on the device until read with the rest."""
+    device = pixels.device
+    out = []
+    for start in range(0, errors.shape[0], PREFIXES):
+        part = slice(start, start + PREFIXES)
+        out.append(ablated(loaded, pixels, sites, [torch.from_numpy(k[part]).to(device) for k in keep],
+                           baseline=baseline, keep_errors=torch.from_numpy(errors[part]).to(device)))
+    return torch.cat(out)
