@@ -289,7 +289,10 @@ def ablated(loaded, pixels: Tensor, sites: Sequence[Site], keep: Sequence[Tensor
             return tokens
         s = at[index]
         site = sites[s]
-        rows, codes, error = read(site, tokens.expand(b, *tokens.shape[1:]))   # one photo up to the first site
+        if tokens.shape[0] == 1:   # the first site: one photo up to here, read once for every copy
+            rows, codes, error = (t.expand(b, *t.shape[1:]) for t in read(site, tokens))
+        else:
+            rows, codes, error = read(site, tokens)
         codes_baseline, error_baseline = site.baseline(baseline, codes, error)
         codes = torch.where(keep[s][:, None, :], codes, codes_baseline)
         error = torch.where(errors[:, s, None, None], error, error_baseline)

@@ -7,9 +7,9 @@ other at its baseline (the sites patched in depth order, each reading what the p
 
     F(k) = (m(k) - m(∅)) / (m(M) - m(∅))
 
-m(k) is measured from k = 0 up in batched forwards that double (`FIRST` sizes, then twice as many...) until F
-reaches the target, so the circuit, the smallest prefix reaching it, is exact, and costs about as many rows as it
-has nodes rather than as the ranking; a geometric grid of `GRID` sizes draws the curve beyond. Where |m(M) - m(∅)|
+m(k) is measured on a geometric grid of `GRID` sizes, then at every size below the grid's first that reaches the
+target, so the circuit, the smallest prefix reaching it, is exact, and costs about as many rows as it has nodes
+rather than as the ranking; the grid draws the curve beyond. Where |m(M) - m(∅)|
 is below `SPREAD` of the photo's logits' standard deviation, the nodes together do not move the answer and no ratio
 means anything: F is None, and the circuit says so in a sentence (`Prefixes.size`).
 """
@@ -28,8 +28,7 @@ from .sites import Site
 
 SPREAD = 0.1  # |m(M) - m(∅)| below this share of the logits' standard deviation: F is no ratio worth reading
 PREFIXES = 256   # prefixes of the ranking measured in one forward (the model's batch)
-FIRST = 64       # prefix sizes measured first; each further batch twice the last, until F reaches the target
-GRID = 24        # sizes of the curve measured beyond the circuit's, up to every ranked node
+GRID = 24        # prefix sizes measured first, geometric from 1 to every ranked node
 
 
 @dataclass(frozen=True)
@@ -153,11 +152,10 @@ def prefix_masks(positions: Sequence[Position], counts: np.ndarray) -> tuple[lis
 def prefix_faithfulness(loaded, pixels: Tensor, sites: Sequence[Site], host: Sequence[OnHost], metric: Metric, *,
                         value: float, baseline: str, floor: float, faithful: float | None = None,
                         counts: Sequence[int] = ()) -> Prefixes:
-    """m for prefixes of the `ranking` of every node by |effect|, and the photo's logits' spread: every size from 0
-    in batches that double (`FIRST` sizes, then twice as many...) until F reaches `faithful` (without it, every
-    size), so the smallest size reaching it is exact and costs about as many rows as the circuit has nodes, not as
-    the ranking; then a geometric grid of `GRID` sizes up to every node, with `counts` (sizes asked for besides).
-    One read a batch."""
+    """m for prefixes of the `ranking` of every node by |effect|, and the photo's logits' spread: first a geometric grid
+    of `GRID` sizes (with 0, every node and `counts`, sizes asked for besides), then every size below the first grid
+    size whose F reaches `faithful` (without it, or where none does, every size), so the smallest size reaching it is
+    exact and costs about as many rows as the circuit has nodes, not as the ranking. Two reads."""
     positions, ranked = ranking(host, floor)
     n = len(ranked)
     is_concept = np.array([c >= 0 for _, _, c in ranked], dtype=np.int64)
@@ -181,18 +179,16 @@ def prefix_faithfulness(loaded, pixels: Tensor, sites: Sequence[Site], host: Seq
                         concept_counts=concept_counts, effects=effects, value=value, spread=float(spread),
                         floor=floor)
 
-    first = np.arange(min(FIRST, n) + 1)
-    m, spread = measure(first, with_photo=True)
-    measured, batch, done = [(first, m)], FIRST, int(first[-1])
-    while done < n and not (faithful is not None and (not prefixes(measured).defined
-                                                     or prefixes(measured).reaches(faithful) is not None)):
-        batch *= 2
-        step = np.arange(done + 1, min(done + batch, n) + 1)
-        measured.append((step, measure(step)[0]))
-        done = int(step[-1])
-    rest = np.setdiff1d(np.concatenate([np.round(np.geomspace(done + 1, n, GRID)) if done < n else [],
-                                        np.asarray(counts, dtype=np.float64)]).astype(np.int64), np.arange(done + 1))
-    if rest.size:   # the curve beyond the circuit, and the sizes asked for
+    grid = np.unique(np.concatenate([[0, n], np.round(np.geomspace(1, max(n, 1), GRID)),
+                                     np.asarray(counts, dtype=np.float64)]).astype(np.int64))
+    grid = grid[grid <= n]   # no node ranked (nothing moves the answer): the empty prefix alone
+    m, spread = measure(grid, with_photo=True)
+    measured = [(grid, m)]
+    on_grid = prefixes(measured)
+    reached = on_grid.reaches(faithful) if faithful is not None else None
+    below = n if faithful is None or not on_grid.defined or reached is None else reached
+    rest = np.setdiff1d(np.arange(1, below), grid)
+    if rest.size:   # every size below the grid's first that reaches the target: the smallest is exact
         measured.append((rest, measure(rest)[0]))
     return prefixes(measured)
 
