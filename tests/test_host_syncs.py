@@ -266,3 +266,28 @@ def test_a_circuit_waits_a_fixed_number_of_times_whatever_its_nodes_and_sites(fa
     assert sizes[3]["nodes"] > sizes[2]["nodes"] + 5 and sizes[3]["edges"] > sizes[2]["edges"], sizes
     # the prefixes: the grid, then every size below its first reaching the target where there is one (a read each)
     assert all(9 <= count <= 11 for count in counts.values()), (counts, sizes)
+
+
+def test_a_class_circuit_waits_the_same_whatever_its_number_of_images():
+    """Over 2 images or 5: three reads of the device in all (the summed effects, every image's m at every size, the
+    summed edges), none per image."""
+    from types import SimpleNamespace
+
+    from tiny_models import tiny as tiny_of_family, tiny_sites
+    from vitviz.circuits.classes import class_circuit
+
+    loaded, pixels, sites = tiny_sites(tiny_of_family("vit"), blocks=[0, -1])
+    photos = torch.randn(5, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    loaded.preprocess = lambda image: image
+    data = SimpleNamespace(image=lambda i: photos[i:i + 1])
+
+    def sites_for(trace, image):   # one size of image, one set of sites (as `data_class_circuit` keeps them)
+        return sites
+
+    counts = {}
+    for images in (2, 5):
+        with counting() as calls:
+            graph = class_circuit(loaded, data, sites_for, target=2, indices=list(range(images)), progress=False)
+        counts[images] = sum(calls.values())
+        assert graph.faithfulness["images"] == images
+    assert counts[2] == counts[5] == 6, counts   # 3 reads and the 3 conversions of what came back

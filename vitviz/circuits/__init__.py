@@ -113,10 +113,14 @@ def data_class_circuit(loaded, data, *, dictionaries: Sequence[str | Path], targ
         raise ConceptsError(f"{data.name} has no class {label!r} (its classes: {', '.join(data.classes[:12])}).")
     own = [i for i, k in enumerate(data.labels) if data.classes[k] == label]
     found = load_dictionaries(dictionaries)
+    built: dict[tuple[int, int], list[Site]] = {}
 
-    def sites_for(trace, image: Image.Image) -> list[Site]:
-        return sites_of(loaded, trace, [(source, dictionary) for source, dictionary, _ in found],
-                        image_size=(image.height, image.width), folders=[folder for _, _, folder in found])
+    def sites_for(trace, image: Image.Image) -> list[Site]:   # a model's sites depend on the image's size alone
+        size = (image.height, image.width)
+        if size not in built:
+            built[size] = sites_of(loaded, trace, [(source, dictionary) for source, dictionary, _ in found],
+                                   image_size=size, folders=[folder for _, _, folder in found])
+        return built[size]
     indices = [own[j] for j in spread(len(own), limit)]
     names = [concept_names(site) for site in image_sites(loaded, data.image(indices[0]), sites_for)[2]] \
         if indices else None   # the sites' concepts' names, from the first image's sites
