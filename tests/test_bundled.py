@@ -94,3 +94,40 @@ def test_one_epoch_of_training_writes_a_loadable_checkpoint_and_resumes(arch, tm
     assert loaded.labels[:2] == ("airplane", "automobile") and loaded.model(torch.zeros(1, 3, 32, 32)).shape == (1, 10)
     main([*args, "--epochs", "2", "--resume"])   # one more epoch, from the saved state (the last --epochs wins)
     assert [json.loads(line)["epoch"] for line in (out / "log.jsonl").read_text().splitlines()] == [1, 2]
+
+
+def test_a_run_keeps_the_steps_asked_for_and_a_bundled_model_loads_at_each(tmp_path, cifar10_path, monkeypatch,
+                                                                         capsys):
+    """`--save-steps 0 1 4`: the model as initialised, after 1 and after 4 optimiser steps (the run's last, bit for bit
+    the checkpoint it ends with), each a folder `vitviz.load` reads as `<model>@<step>` for a bundled model; a step
+    that is not there is refused in words naming those that are, and `vitviz models` lists them."""
+    from safetensors.torch import load_file
+
+    from vitviz import catalog, cli
+    from vitviz.bundle import WEIGHTS_FILE, saved_steps, step_folder
+    from vitviz.hub import LoadError
+    from vitviz.models import FAMILIES
+    from vitviz.train import ARCHITECTURES, main
+
+    out = tmp_path / "vit-cifar10"   # where the catalog will look for the bundled ViT
+    main(["--arch", "vit-micro", "--data", str(cifar10_path), "--out", str(out), "--epochs", "2",
+          "--limit-train", "128", "--limit-test", "50", "--batch-size", "64", "--threads", "1",
+          "--save-steps", "0", "1", "4"])
+    assert saved_steps(out) == [0, 1, 4]
+    final, last = (load_file(folder / WEIGHTS_FILE) for folder in (out, step_folder(out, 4)))
+    assert final.keys() == last.keys() and all(torch.equal(final[k], last[k]) for k in final)
+    torch.manual_seed(0)
+    initial = FAMILIES["vit"][0](ARCHITECTURES["vit-micro"]).state_dict()
+    first = load_file(step_folder(out, 0) / WEIGHTS_FILE)
+    assert all(torch.equal(first[k], initial[k].half()) for k in first)
+    assert not torch.equal(first["head.weight"], last["head.weight"])
+
+    monkeypatch.setattr(catalog, "CHECKPOINTS", tmp_path)
+    loaded = vitviz.load("vit-cifar10@1", device="cpu")
+    assert loaded.name == "vit-cifar10@1"
+    step_one = load_file(step_folder(out, 1) / WEIGHTS_FILE)
+    assert all(torch.equal(v.half(), step_one[k]) for k, v in loaded.model.state_dict().items() if k in step_one)
+    with pytest.raises(LoadError, match=r"no checkpoint of vit-cifar10 at step 3; vit-cifar10 keeps steps 0, 1, 4"):
+        vitviz.load("vit-cifar10@3", device="cpu")
+    assert cli.main(["models"]) == 0
+    assert "vit-cifar10@0, vit-cifar10@1, vit-cifar10@4" in capsys.readouterr().out

@@ -16,6 +16,7 @@ from .preprocess import Transform
 
 FORMAT = "vitviz"
 CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
+STEPS = "steps"   # the folder of a training run's step checkpoints (`vitviz.train --save-steps`)
 
 
 def is_bundle(folder: Path) -> bool:
@@ -53,3 +54,14 @@ def load_bundle(folder: str | Path):
         if name.endswith("num_batches_tracked"):   # not stored (see save_bundle); unused in eval
             buffer.zero_()
     return model.eval(), Transform(**config["preprocess"]), config["labels"], config
+
+
+def step_folder(out: str | Path, step: int) -> Path:
+    """Where `--save-steps` keeps the model after `step` optimiser steps: OUT/steps/step-<step>/."""
+    return Path(out) / STEPS / f"step-{step}"
+
+
+def saved_steps(folder: str | Path) -> list[int]:
+    """The steps a checkpoint folder keeps along its training (OUT/steps/step-<N>/ with its weights), in order."""
+    found = (Path(folder) / STEPS).glob("step-*")
+    return sorted(int(p.name[5:]) for p in found if p.name[5:].isdigit() and (p / WEIGHTS_FILE).is_file())

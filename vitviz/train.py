@@ -6,6 +6,9 @@ The usual small-data recipe: random crop with 4 px padding, horizontal flip, lab
 AdamW (or, for the ResNet, SGD with Nesterov momentum, as He et al. train it) with linear warm-up then
 cosine decay. Deterministic for a given seed and thread count; every
 epoch is logged (`log.jsonl`) and checkpointed (`train_state.pt`), and `--resume` carries on from it.
+`--save-steps 0 50 100 ...` also keeps the model as it was after that many optimiser steps (0: its
+initialisation) in `OUT/steps/step-<N>/`, each a checkpoint folder `vitviz.load` reads (`<model>@<N>` for a
+bundled model), so a training run can be looked at along the way.
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from .bundle import save_bundle
+from .bundle import save_bundle, step_folder
 from .data import CIFAR10, DataError, open_npz, spread
 from .models import (
     FAMILIES,
@@ -137,7 +140,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--limit-train", type=int, default=None, help="use only the first N training images")
     p.add_argument("--limit-test", type=int, default=None, help="evaluate on the first N test images")
     p.add_argument("--resume", action="store_true", help="continue from OUT/train_state.pt")
-    return p.parse_args(argv)
+    p.add_argument("--save-steps", type=int, nargs="+", default=[], metavar="N",
+                   help="also save the model after these optimiser steps (0: as initialised) in OUT/steps/step-N/")
+    args = p.parse_args(argv)
+    if any(step < 0 for step in args.save_steps):
+        p.error(f"--save-steps are numbers of optimiser steps, 0 or more, not {min(args.save_steps)}")
+    return args
+
 
 
 def main(argv=None) -> None:
@@ -183,6 +192,15 @@ def main(argv=None) -> None:
           f"{torch.get_num_threads()} threads", flush=True)
 
     use_amp = device.type == "cuda"
+    training = {k: v for k, v in vars(args).items() if k not in ("out", "resume", "device", "threads", "save_steps")}
+
+    def save_step(step: int) -> None:
+        if step in args.save_steps:
+            save_bundle(step_folder(out, step), model, transform=transform, labels=classes,
+                        extra={"training": training, "step": step, "epoch": step / steps_per_epoch})
+
+    if start_epoch == 0:
+        save_step(0)
     for epoch in range(start_epoch, args.epochs):
         model.train()
         t_epoch = time.time()
@@ -207,6 +225,7 @@ def main(argv=None) -> None:
             if args.clip_grad:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad)
             optimizer.step()
+            save_step(step + 1)
             loss_sum += loss.item() * len(idx)
             correct += (logits.argmax(1) == y).sum().item()
             bar.set_postfix(loss=f"{loss.item():.3f}",
@@ -230,7 +249,6 @@ def main(argv=None) -> None:
     metrics = {"test_acc": (preds == test_y).float().mean().item(), "test_images": len(test_y),
                "per_class_acc": per_class, "train_seconds": round(elapsed), "device": str(device),
                "threads": torch.get_num_threads(), "params": num_params(model)}
-    training = {k: v for k, v in vars(args).items() if k not in ("out", "resume", "device", "threads")}
     save_bundle(out, model.cpu(), transform=transform, labels=classes,
                 extra={"training": training, "metrics": metrics})
     print(json.dumps(metrics), flush=True)

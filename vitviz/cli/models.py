@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 
 from .. import catalog, hub
+from ..bundle import saved_steps
 
 
 def cmd_models(args) -> int:
@@ -13,6 +14,9 @@ def cmd_models(args) -> int:
         size = cached.get(name)
         status = "bundled" if entry.bundled else (f"{size / 1e6:.0f} MB" if size else "-")
         print(f"{name:<22} {entry.source:<48} {status:>10}")
+        steps = saved_steps(entry.path) if entry.bundled else []
+        if steps:   # its training run's checkpoints: name@step
+            print(f"{'':<22} along its training: {', '.join(f'{name}@{step}' for step in steps)}")
     return 0
 
 

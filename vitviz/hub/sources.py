@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import catalog
+from ..bundle import saved_steps, step_folder
 from .files import CHECKPOINT_FILES, CONFIG, OPEN_CLIP_CONFIG
 from .loaded import LoadError
 
@@ -41,6 +42,9 @@ def parse_source(source: str, *, allow_local: bool = True) -> Request:
     if not isinstance(source, str) or not source.strip():
         raise LoadError(f"No model named. {what_loads()}")
     text = source.strip()
+    name, at, step = text.partition("@")
+    if at and catalog.CATALOG.get(name) is not None and catalog.CATALOG[name].bundled:
+        return _step_request(text, catalog.CATALOG[name], step)
     entry = catalog.CATALOG.get(text)
     if entry is not None and entry.bundled:
         if not (entry.path / CONFIG).is_file():
@@ -59,6 +63,19 @@ def parse_source(source: str, *, allow_local: bool = True) -> Request:
     if problem:
         raise LoadError(f"{text[:120]!r} is not a model vitviz can load: {problem}. {what_loads()}")
     return Request(name=text, repo_id=repo_id, revision=revision or "main")
+
+
+def _step_request(text: str, entry, step: str) -> Request:
+    """'vit-cifar10@800': a bundled model as it was after that many optimiser steps of its training
+    (`vitviz.train --save-steps`, checkpoints/<model>/steps/step-800/), refused in words with the steps there are."""
+    kept = saved_steps(entry.path)
+    there = (f"{entry.name} keeps steps {', '.join(map(str, kept))}" if kept else
+             f"no step of {entry.name}'s training ships (`python -m vitviz.train --save-steps ...` keeps them)")
+    if not step.isdigit():
+        raise LoadError(f"{text!r}: after '@' a bundled model takes a training step, a whole number; {there}.")
+    if int(step) not in kept:
+        raise LoadError(f"{text!r}: there is no checkpoint of {entry.name} at step {int(step)}; {there}.")
+    return Request(name=f"{entry.name}@{int(step)}", folder=step_folder(entry.path, int(step)))
 
 
 def _repo_id_problem(repo_id: str, allow_local: bool) -> str | None:
