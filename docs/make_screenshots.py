@@ -172,7 +172,7 @@ def anatomy(page) -> None:
 
 def circuits(page) -> None:
     """The Circuits tab as it opens (both circuits drawn), the strongest node of the left graph's last block picked,
-    then the same graphs on a phone, 390 px wide (the first of them in view)."""
+    then the same graphs on a phone, 390 px wide (the first of them in view), then the class over the test set."""
     page.get_by_role("tab", name="Circuits").click()
     page.locator("#circuits-note").get_by_text("F = ").first.wait_for(timeout=SLOW)
     drawn(page, "#circuits-graph-a", "#circuits-graph-b", "#circuits-curves")
@@ -187,6 +187,13 @@ def circuits(page) -> None:
     page.evaluate("window.scrollBy(0, -60)")
     save(page.screenshot(), "tab-circuits-phone.png")
     page.set_viewport_size({"width": WIDTH, "height": FIRST_SCREEN_HEIGHT})
+    # the class over the test set: the bundled pair's shipped class circuits, the graphs and the words
+    page.locator("#circuits-scope").get_by_text("the class over the test set").click()
+    page.locator("#circuits-note").get_by_text("test images labelled").first.wait_for(timeout=SLOW)
+    drawn(page, "#circuits-graph-a", "#circuits-graph-b")
+    page.locator("#circuits-note").scroll_into_view_if_needed()
+    page.wait_for_timeout(500)
+    save(page.locator("#tabs").screenshot(), "tab-circuits-class.png")
 
 
 if __name__ == "__main__":
