@@ -51,7 +51,7 @@ from .graph import (
     unread_id,
 )
 from .host import OnHost, read_states, to_host
-from .prefixes import ablated_rows, prefix_faithfulness, ranking
+from .prefixes import ablated_rows, prefix_faithfulness
 from .sites import Site, image_sites
 
 CURVE = 11    # points of the curve over a data set: 0, 10 %, ..., 100 % of each image's ranked nodes
@@ -313,11 +313,10 @@ def faithfulness_over(loaded, data, sites_for, *, indices: Sequence[int], baseli
         if method == "ig":
             integrated_gradients(loaded, pixels, sites, states, metric, steps=steps, frozen=frozen)
         host = read_states(states, [state.effects for state in states])
-        floor = NOTHING * max(1.0, abs(value))
-        ranked = len(ranking(host, floor)[1])
-        points = [round(f * ranked) for f in np.linspace(0, 1, CURVE)]
+        fractions = np.linspace(0, 1, CURVE)
         prefixes = prefix_faithfulness(loaded, pixels, sites, host, metric, value=value, baseline=baseline,
-                                       floor=floor, faithful=faithful, counts=points)
+                                       floor=NOTHING * max(1.0, abs(value)), faithful=faithful, fractions=fractions)
+        points = np.round(fractions * prefixes.ranked).astype(np.int64).tolist()
         curves.append([(prefixes.faithfulness(prefixes.at(k)), k) for k in points])
         if prefixes.defined:
             sizes.append(prefixes.size(faithful)[0])

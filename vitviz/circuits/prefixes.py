@@ -151,11 +151,11 @@ def prefix_masks(positions: Sequence[Position], counts: np.ndarray) -> tuple[lis
 
 def prefix_faithfulness(loaded, pixels: Tensor, sites: Sequence[Site], host: Sequence[OnHost], metric: Metric, *,
                         value: float, baseline: str, floor: float, faithful: float | None = None,
-                        counts: Sequence[int] = ()) -> Prefixes:
-    """m for prefixes of the `ranking` of every node by |effect|, and the photo's logits' spread: first a geometric grid
-    of `GRID` sizes (with 0, every node and `counts`, sizes asked for besides), then every size below the first grid
-    size whose F reaches `faithful` (without it, or where none does, every size), so the smallest size reaching it is
-    exact and costs about as many rows as the circuit has nodes, not as the ranking. Two reads."""
+                        fractions: Sequence[float] = ()) -> Prefixes:
+    """m for prefixes of the `ranking` of every node by |effect|, and the photo's logits' spread: first a geometric
+    grid of `GRID` sizes (with 0, every node and the sizes at `fractions` of the ranking), then every size below the
+    grid's first whose F reaches `faithful` (without it, or where none does, every size), so the smallest size
+    reaching it is exact and costs about as many rows as the circuit has nodes, not as the ranking. Two reads."""
     positions, ranked = ranking(host, floor)
     n = len(ranked)
     is_concept = np.array([c >= 0 for _, _, c in ranked], dtype=np.int64)
@@ -180,7 +180,7 @@ def prefix_faithfulness(loaded, pixels: Tensor, sites: Sequence[Site], host: Seq
                         floor=floor)
 
     grid = np.unique(np.concatenate([[0, n], np.round(np.geomspace(1, max(n, 1), GRID)),
-                                     np.asarray(counts, dtype=np.float64)]).astype(np.int64))
+                                     np.round(np.asarray(fractions, dtype=np.float64) * n)]).astype(np.int64))
     grid = grid[grid <= n]   # no node ranked (nothing moves the answer): the empty prefix alone
     m, spread = measure(grid, with_photo=True)
     measured = [(grid, m)]
