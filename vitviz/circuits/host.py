@@ -31,6 +31,8 @@ def to_host(tensors: Sequence[Tensor]) -> list[np.ndarray]:
 
 
 def read_states(states: Sequence[SiteState], estimates: Sequence[Tensor]) -> list[OnHost]:
+    """Every site's numbers the graph is built from (`OnHost`; `estimates`: attribution patching's effects, kept
+    apart where integrated gradients refined `effects`), in one transfer."""
     parts = [(state.effects, estimate, state.codes[0].sum(0), state.error_effects, state.error_effect,
               state.error[0].norm(dim=-1).sum()) for state, estimate in zip(states, estimates)]
     values = to_host([tensor for site in parts for tensor in site])
