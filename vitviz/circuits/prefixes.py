@@ -73,8 +73,11 @@ class Prefixes:
         return (m - self.empty) / (self.value - self.empty) if self.defined else None
 
     def at(self, k: int) -> float:
-        """m with the first k ranked nodes kept (a size that was measured)."""
-        return float(self.m[int(np.searchsorted(self.counts, k))])
+        """m with the first k ranked nodes kept (a size that was measured: any other is a mistake, not a guess)."""
+        place = int(np.searchsorted(self.counts, k))
+        if place == len(self.counts) or self.counts[place] != k:
+            raise ValueError(f"the prefix of {k} nodes was not measured")
+        return float(self.m[place])
 
     def reaches(self, faithful: float) -> int | None:
         """The smallest measured size whose F reaches `faithful` (None where none does, or F is undefined)."""

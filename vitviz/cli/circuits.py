@@ -143,9 +143,7 @@ def cmd_class_circuits(args) -> int:
               f"{', '.join(chosen)}")
         print(f"  F = {value} with {f['concept_nodes']} concepts and {f['error_nodes']} error nodes of "
               f"{f['ranked_nodes']} ranked nodes")
-        strongest = sorted((n for n in circuit.nodes if n.kind == "concept"), key=lambda n: -abs(n.effect))[:SHOWN]
-        for node in strongest:
-            print(f"  block {node.block + 1:>2}  {node.effect:+.3f}  {node.name}")
+        print_strongest(circuit)
         write_atomic(out / class_file(circuit.model, circuit.target_label),
                      (json.dumps(circuit.to_json(), indent=1) + "\n").encode())
     print(f"wrote {len(graphs)} files to {out}: "
@@ -221,11 +219,16 @@ def report(circuit, sources: list[str]) -> None:
           f"the smallest ranked circuit reaching F {f['target']:.2f}; completeness {completeness}; "
           f"{size['nodes']} nodes drawn, {size['edges']} edges ({circuit.method}, {circuit.baseline} baseline, "
           f"attention {circuit.attention.split(' (')[0]})")
+    print_strongest(circuit)
+    for note in circuit.notes:
+        print(f"  note: {note}")
+
+
+def print_strongest(circuit) -> None:
+    """A circuit's strongest concept nodes drawn one by one, a line each: block (the app's count), effect, name."""
     strongest = sorted((n for n in circuit.nodes if n.kind == "concept"), key=lambda n: -abs(n.effect))[:SHOWN]
     for node in strongest:
         print(f"  block {node.block + 1:>2}  {node.effect:+.3f}  {node.name}")
-    for note in circuit.notes:
-        print(f"  note: {note}")
 
 
 def add_parser(sub) -> None:
