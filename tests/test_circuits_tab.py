@@ -48,7 +48,7 @@ def shown_pair(few_dictionaries) -> tuple[str, circuits.Shown]:
 
     key = explained()
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(Prefixes, "size", lambda self, faithful: (len(self.m) - 1, None))
+        patch.setattr(Prefixes, "size", lambda self, faithful: (self.ranked, None))
         return key, drawn(key)
 
 
