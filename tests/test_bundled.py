@@ -112,7 +112,7 @@ def test_a_run_keeps_the_steps_asked_for_and_a_bundled_model_loads_at_each(tmp_p
     out = tmp_path / "vit-cifar10"   # where the catalog will look for the bundled ViT
     main(["--arch", "vit-micro", "--data", str(cifar10_path), "--out", str(out), "--epochs", "2",
           "--limit-train", "128", "--limit-test", "50", "--batch-size", "64", "--threads", "1",
-          "--save-steps", "0", "1", "4"])
+          "--save-steps", "0", "1", "4", "--steps-dtype", "float16"])
     assert saved_steps(out) == [0, 1, 4]
     final, last = (load_file(folder / WEIGHTS_FILE) for folder in (out, step_folder(out, 4)))
     assert final.keys() == last.keys() and all(torch.equal(final[k], last[k]) for k in final)
@@ -131,3 +131,34 @@ def test_a_run_keeps_the_steps_asked_for_and_a_bundled_model_loads_at_each(tmp_p
         vitviz.load("vit-cifar10@3", device="cpu")
     assert cli.main(["models"]) == 0
     assert "vit-cifar10@0, vit-cifar10@1, vit-cifar10@4" in capsys.readouterr().out
+
+
+def test_int8_steps_come_back_within_half_a_step_and_decide_as_the_model(tmp_path, cifar10_path):
+    """A run's steps are kept as int8 with a scale per row: every weight within half its row's step of the
+    original, the file about half fp16's, and the bundled CvT so stored decides as the fp16 file does."""
+    from safetensors.torch import load_file
+
+    from vitviz.bundle import SCALE, WEIGHTS_FILE, copy_bundle, load_bundle, read_config
+    from vitviz.train import evaluate, load_cifar10
+
+    source = ROOT / "checkpoints" / "cvt-cifar10"
+    copy_bundle(source, tmp_path / "int8")
+    assert read_config(tmp_path / "int8")["weights"] == "int8-per-row"
+    assert read_config(tmp_path / "int8")["metrics"] == read_config(source)["metrics"]
+    assert (tmp_path / "int8" / WEIGHTS_FILE).stat().st_size < 0.55 * (source / WEIGHTS_FILE).stat().st_size
+    original, stored = load_file(source / WEIGHTS_FILE), load_file(tmp_path / "int8" / WEIGHTS_FILE)
+    (model, transform, _, _), (kept, _, _, _) = load_bundle(source), load_bundle(tmp_path / "int8")
+    weights, back = model.state_dict(), kept.state_dict()
+    quantised = [k for k in original if k + SCALE in stored]
+    assert len(quantised) > 20 and all(stored[k].dtype == torch.int8 for k in quantised)
+    for name in quantised:
+        rows = stored[name + SCALE]
+        step = rows.reshape(-1, *[1] * (weights[name].ndim - 1)) if weights[name].shape[0] > 1 else rows[:, None]
+        assert ((back[name] - weights[name]).abs() <= step / 2 + 1e-6).all(), name
+    images, labels, _ = load_cifar10(cifar10_path, "test", 500)
+    with torch.inference_mode():
+        x = transform.normalize(images.float() / 255)
+        logits, logits_int8 = model(x), kept(x)
+    assert (logits.argmax(1) == logits_int8.argmax(1)).float().mean() >= 0.99
+    assert (logits - logits_int8).abs().max() < 0.1
+    assert evaluate(kept, images, labels, transform, "cpu")[1].eq(labels).float().mean() > 0.7

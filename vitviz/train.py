@@ -140,6 +140,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--limit-train", type=int, default=None, help="use only the first N training images")
     p.add_argument("--limit-test", type=int, default=None, help="evaluate on the first N test images")
     p.add_argument("--resume", action="store_true", help="continue from OUT/train_state.pt")
+    p.add_argument("--steps-dtype", choices=("int8", "float16"), default="int8",
+                   help="how --save-steps stores the kept models (int8: a scale per row, half fp16's bytes)")
     p.add_argument("--save-steps", type=int, nargs="+", default=[], metavar="N",
                    help="also save the model after these optimiser steps (0: as initialised) in OUT/steps/step-N/")
     args = p.parse_args(argv)
@@ -192,11 +194,13 @@ def main(argv=None) -> None:
           f"{torch.get_num_threads()} threads", flush=True)
 
     use_amp = device.type == "cuda"
-    training = {k: v for k, v in vars(args).items() if k not in ("out", "resume", "device", "threads", "save_steps")}
+    training = {k: v for k, v in vars(args).items() if k not in ("out", "resume", "device", "threads", "save_steps",
+                                                                 "steps_dtype")}
 
     def save_step(step: int) -> None:
         if step in args.save_steps:
             save_bundle(step_folder(out, step), model, transform=transform, labels=classes,
+                        dtype=getattr(torch, args.steps_dtype),
                         extra={"training": training, "step": step, "epoch": step / steps_per_epoch})
 
     if start_epoch == 0:
