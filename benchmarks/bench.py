@@ -66,6 +66,7 @@ from areas import (  # noqa: E402
     quantus,
     request,
     swin,
+    training,
     video,
 )
 from timing import CLOCKS, report  # noqa: E402
@@ -76,7 +77,7 @@ AREAS = (   # (the items it measures, its module), in the order they run
     (("coldstart", "memory"), coldstart), (("peak",), peak), (("attribution",), attribution),
     (("evaluate",), evaluate), (("quantus",), quantus), (("explain",), explain), (("decide",), decide),
     (("compare",), compare), (("clip",), clip), (("swin",), swin), (("cnn",), cnn), (("video",), video),
-    (("concepts",), concepts), (("circuits",), circuits), (("looks",), looks))
+    (("concepts",), concepts), (("circuits",), circuits), (("looks",), looks), (("training",), training))
 ITEMS = tuple(item for items, _ in AREAS for item in items)
 
 

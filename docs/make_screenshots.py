@@ -2,7 +2,7 @@
 
     python docs/make_screenshots.py            (writes docs/images/first-screen.png and docs/images/tab-<id>.png)
     python docs/make_screenshots.py circuits   (the Circuits tab's two alone, after an Explain not shot)
-    python docs/make_screenshots.py concepts anatomy   (those tabs' alone: any of circuits, concepts, anatomy)
+    python docs/make_screenshots.py concepts anatomy   (those tabs' alone: any of circuits, concepts, anatomy, training)
 
 The real app is launched offline on its bundled CIFAR-10 pair (a ViT and a CvT) and driven by Debian's Chromium
 through Playwright, 1400 px wide, as a person would: the example photo uploaded, Explain pressed, a point on the
@@ -119,6 +119,7 @@ def tabs(page) -> None:
 
     concepts(page)
     circuits(page)
+    training(page)
 
     page.get_by_role("tab", name="Video").click()
     page.locator("#video-input input[type=file]").set_input_files(str(CLIP))
@@ -196,6 +197,31 @@ def circuits(page) -> None:
     save(page.locator("#tabs").screenshot(), "tab-circuits-class.png")
 
 
+def training(page) -> None:
+    """The Training tab as it opens (the bundled pair's runs, the photo along training), on a phone too; then the
+    training slider dragged to the start: the first screen at the initialisation, and the tab's marks there."""
+    page.get_by_role("tab", name="Training").click()
+    page.locator("#training-words").get_by_text("CKA").first.wait_for(timeout=SLOW)
+    drawn(page, "#training-photo", "#training-curves")
+    shoot_tab(page, "training")
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.locator("#training-photo").scroll_into_view_if_needed()
+    page.wait_for_timeout(500)
+    save(page.screenshot(), "tab-training-phone.png")
+    page.set_viewport_size({"width": WIDTH, "height": FIRST_SCREEN_HEIGHT})
+    before = page.locator("#map-a img").first.get_attribute("src")
+    slider = page.locator("#training-slider input[type=range]")
+    slider.fill("0")
+    slider.dispatch_event("pointerup")   # what Gradio's slider hears as the end of a drag (its `release`)
+    page.locator("#training-where").get_by_text("at step 0").first.wait_for(timeout=SLOW)
+    page.wait_for_function("before => document.querySelector('#map-a img').src !== before", arg=before,
+                           timeout=SLOW)
+    drawn(page, "#map-a", "#map-b", "#training-photo")
+    page.evaluate("window.scrollTo(0, 0)")
+    page.wait_for_timeout(500)
+    save(page.screenshot(), "training-slider.png")
+
+
 if __name__ == "__main__":
     from playwright.sync_api import sync_playwright
 
@@ -211,7 +237,8 @@ if __name__ == "__main__":
                 if sys.argv[1:]:
                     explained(page, server.url)
                     for part in sys.argv[1:]:
-                        {"circuits": circuits, "concepts": concepts, "anatomy": anatomy}[part](page)
+                        {"circuits": circuits, "concepts": concepts, "anatomy": anatomy,
+                         "training": training}[part](page)
                 else:
                     first_screen(page, server.url)
                     tabs(page)

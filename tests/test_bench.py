@@ -97,6 +97,7 @@ EXPECTED = {   # line start -> the rest of it; one line each
     "looks step": rf", \d+ pictures x \d+ crops of [\w/.-]+ \(maco, \d+ steps a round\): draw {TIMES} a step, traced "
                   rf"forward \+ backward of the crops {TIMES}, {RATIO}$",
     "looks one concept": r": skipped \(needs the bundled pair and its bundled dictionary; not with --quick\)$",
+    "training": r": skipped \(times the bundled run's checkpoints; not with --quick\)$",
 }
 
 

@@ -47,10 +47,12 @@ CURVES_FILE = "training-accuracy.png"               # every model's accuracy on 
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """One kept point of a training run: the name `hub.load` takes for it, its optimiser step and its epoch."""
+    """One kept point of a training run: the name `hub.load` takes for it, its optimiser step and epoch, and its
+    checkpoint folder."""
     name: str
     step: int
     epoch: float
+    folder: Path
 
 
 def file_name(model: str) -> str:
@@ -81,7 +83,8 @@ def checkpoints(source: str) -> list[Checkpoint]:
                          f"(`python -m vitviz.train --save-steps 0 50 100 ...` keeps them in {folder / 'steps'}).")
     bundled = catalog.CATALOG.get(source.strip()) is not None
     return [Checkpoint(name=f"{source.strip()}@{step}" if bundled else str(step_folder(folder, step)), step=step,
-                       epoch=float(read_config(step_folder(folder, step)).get("epoch", 0.0))) for step in steps]
+                       epoch=float(read_config(step_folder(folder, step)).get("epoch", 0.0)),
+                       folder=step_folder(folder, step)) for step in steps]
 
 
 def nearest(kept: Sequence[Checkpoint], fraction: float) -> Checkpoint:
@@ -190,8 +193,9 @@ def step_labels(result: dict) -> list[str]:
     return [f"{row['step']} ({row['epoch']:.2g} ep)" for row in result["checkpoints"]]
 
 
-def distance_figure(result: dict) -> np.ndarray:
-    """Mean attention distance as a block x checkpoint heatmap, in px of the model's input."""
+def distance_figure(result: dict, *, top: float | None = None) -> np.ndarray:
+    """Mean attention distance as a block x checkpoint heatmap, in px of the model's input, coloured from 0 to
+    `top` (default: its largest value; give two models one `top` to compare them)."""
     from matplotlib.figure import Figure
 
     from .render.plots import figure_to_rgb
@@ -199,7 +203,8 @@ def distance_figure(result: dict) -> np.ndarray:
     values = block_by_checkpoint(result, "attention_distance")
     fig = Figure(figsize=(6.4, 3.6), dpi=100)
     ax = fig.add_subplot()
-    image = ax.imshow(np.ma.masked_invalid(values), cmap="viridis", origin="lower", aspect="auto")
+    image = ax.imshow(np.ma.masked_invalid(values), cmap="viridis", origin="lower", aspect="auto", vmin=0,
+                      vmax=top if top is not None else np.nanmax(values))
     ax.set_xticks(range(values.shape[1]), step_labels(result), rotation=60, ha="right", fontsize=7)
     ax.set_yticks(range(values.shape[0]), result["blocks"], fontsize=7)
     ax.set_xlabel("optimiser step (epoch)", fontsize=8)
@@ -250,3 +255,84 @@ def curves_figure(results: Sequence[dict]) -> np.ndarray:
 def figure_name(model: str, figure: str) -> str:
     """training-<model>-<figure>.png: one of a model's figures (`FIGURE_DISTANCE`, `FIGURE_CKA`)."""
     return f"{file_name(model).removesuffix('.json')}-{figure}.png"
+
+
+# ---- a bundled model along its training: what the app's slider and Training tab read ---------------------------
+
+def bundled_run(name: str) -> list[Checkpoint] | None:
+    """The kept checkpoints of the bundled model `name` names (`<model>` or `<model>@<step>`), None where it keeps
+    fewer than two or is not bundled."""
+    entry = catalog.CATALOG.get((name or "").strip().split("@")[0])
+    if entry is None or not entry.bundled or len(saved_steps(entry.path)) < 2:
+        return None
+    return checkpoints(entry.name)
+
+
+def at_fraction(name: str, fraction: float) -> str:
+    """The name of `name`'s checkpoint nearest `fraction` of its training (`name` itself where it keeps none)."""
+    kept = bundled_run(name)
+    return name if kept is None else nearest(kept, float(fraction)).name
+
+
+def fraction_of(name: str) -> float | None:
+    """How far into its training `<model>@<step>` is (0 to 1); None for a name without a kept step."""
+    kept = bundled_run(name)
+    at = next((c for c in kept or [] if c.name == (name or "").strip()), None)
+    if at is None:
+        return None
+    return (at.epoch - kept[0].epoch) / (kept[-1].epoch - kept[0].epoch)
+
+
+def where_words(name: str) -> str:
+    """Where in its training the model `name` is, in words: 'cvt-cifar10 at step 391 (epoch 1.0 of 12)'."""
+    kept = bundled_run(name)
+    base = (name or "").strip().split("@")[0]
+    if kept is None:
+        return f"{base} keeps no checkpoints of its training: shown as trained"
+    at = next((c for c in kept if c.name == name.strip()), None)
+    if at is None:
+        return f"{base} as shipped (its kept run: steps {kept[0].step} to {kept[-1].step})"
+    return f"{base} at step {at.step} (epoch {at.epoch:.2g} of {kept[-1].epoch:.3g})"
+
+
+def summary_words(result: dict) -> str:
+    """What a run's training JSON shows, in measured numbers: accuracy from the first checkpoint to the last,
+    when the blocks settle (their mean CKA to the end first reaches 0.9), and how the first and last blocks'
+    attention distance moved."""
+    rows = result["checkpoints"]
+    first, last = rows[0], rows[-1]
+    settled = next((row for row in rows if np.mean(row["cka_to_final"]) >= 0.9), last)
+    words = (f"**{result['model']}**: accuracy {100 * first['accuracy']:.0f} % at step {first['step']}, "
+             f"{100 * last['accuracy']:.0f} % at step {last['step']} (epoch {last['epoch']:.3g}); its blocks' mean CKA "
+             f"to the end reaches 0.9 at step {settled['step']} (epoch {settled['epoch']:.2g})")
+    if first["attention_distance"][0] is not None:
+        words += (f"; mean attention distance of {result['blocks'][0]} {first['attention_distance'][0]:.1f} px → "
+                  f"{last['attention_distance'][0]:.1f} px, of {result['blocks'][-1]} "
+                  f"{first['attention_distance'][-1]:.1f} px → {last['attention_distance'][-1]:.1f} px")
+    return words + f" (over {result['images']} test images)."
+
+
+def prediction_figure(series: Sequence[dict], *, marks: Sequence[float | None] = ()) -> np.ndarray:
+    """A photo along training: per model (`series[i]`: model, epochs, probs (checkpoints x classes), labels) the
+    probability of the class it ends up predicting at each checkpoint; `marks`: the epoch each model is shown at."""
+    from matplotlib.figure import Figure
+
+    from .render.plots import figure_to_rgb
+
+    fig = Figure(figsize=(6.4, 2.8), dpi=100)
+    ax = fig.add_subplot()
+    for k, one in enumerate(series):
+        probs = np.asarray(one["probs"])
+        final = int(probs[-1].argmax())
+        ax.plot(one["epochs"], 100 * probs[:, final], "o-", color=f"C{k}", ms=3,
+                label=f"{one['model']}: p({one['labels'][final]})")
+        if k < len(marks) and marks[k] is not None:
+            ax.axvline(marks[k], color=f"C{k}", lw=0.8, ls="--")
+    ax.set_ylim(0, 100)
+    ax.set_xlabel("epoch", fontsize=8)
+    ax.set_ylabel("probability (%)", fontsize=8)
+    ax.set_title("this photo along training: the class each model ends up predicting", fontsize=9)
+    ax.tick_params(labelsize=7)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return figure_to_rgb(fig)

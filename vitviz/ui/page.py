@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 import gradio as gr
 
-from .. import catalog, hub
+from .. import catalog, hub, training
 from ..agreement import agreement
 from ..explain import METHODS
 from ..gate import MODEL_GATE
@@ -29,6 +29,7 @@ from . import (
     features,
     gpu,
     tokens,
+    training as training_tab,
     video,
 )
 from .shared import DEFAULT_PROMPTS, HIDDEN, INSTANT, MODEL_EVENTS, SESSIONS, Page, as_files, prompts_of, runs, session
@@ -154,6 +155,29 @@ def explain(image, model_a, model_b, prompts=DEFAULT_PROMPTS, progress=gr.Progre
     return Answer(key, predictions(a), predictions(b), map_a, map_b, compare)
 
 
+def training_point(model_a, model_b) -> tuple[bool, float, str]:
+    """(whether a chosen model keeps its training run, the point of training the boxes name (1, the end, where they
+    name the models as shipped), the line saying where each model is)."""
+    names = (model_a, model_b)
+    kept = any(training.bundled_run(name) is not None for name in names)
+    at = next((f for f in map(training.fraction_of, names) if f is not None), 1.0)
+    return kept, round(at, 3), "Training: " + "; ".join(map(training.where_words, names)) + "." if kept else ""
+
+
+def training_controls(model_a, model_b) -> tuple:
+    """The training slider and its line, shown while a chosen model keeps its training run (`training_point`)."""
+    kept, at, words = training_point(model_a, model_b)
+    return gr.Slider(value=at, visible=kept), gr.Markdown(words, visible=kept)
+
+
+def move_training(model_a, model_b, fraction) -> tuple:
+    """Both model boxes at the checkpoint nearest `fraction` of their training (0: the initialisation, 1: the end
+    of the kept run; a model that keeps none stays as it is)."""
+    if not 0 <= float(fraction) <= 1:
+        raise gr.Error(f"The training slider goes from 0 (initialisation) to 1 (end of training), not {fraction}.")
+    return training.at_fraction(model_a, fraction), training.at_fraction(model_b, fraction)
+
+
 def choose_pair(title: str):
     """A one-click pair of `catalog.PAIRS`: both model boxes, and the tab that shows what the pair is for."""
     outer, inner = PAIR_TABS.get(title, ("attention", None))
@@ -203,6 +227,10 @@ def build(vit: str, cvt: str, notice: str = "", at_hand: set[str] | None = None)
                     model_b = gr.Dropdown(choices, value=cvt, allow_custom_value=True, label="right model",
                                           info="the same: the two are compared", scale=2)
                     run = gr.Button("Explain", variant="primary", elem_id="explain", scale=1)
+                kept, at, words = training_point(vit, cvt)
+                training_at = gr.Slider(0, 1, value=at, step=0.01, label="training (both models: 0 = initialisation, "
+                                        "1 = end)", visible=kept, elem_id="training-slider")
+                training_where = gr.Markdown(words, visible=kept, elem_id="training-where")
                 prompts = gr.Textbox(DEFAULT_PROMPTS, label="what to look for, comma separated (CLIP models)",
                                      info=f"each becomes a prompt \"{PROMPT_TEMPLATE.format('...')}\"; the "
                                      "predictions are the zero-shot probabilities over them",
@@ -239,6 +267,7 @@ def build(vit: str, cvt: str, notice: str = "", at_hand: set[str] | None = None)
             decide_parts = decide.layout(page)
             concepts_parts = concepts.layout(page)
             circuits_parts = circuits.layout(page)
+            training_parts = training_tab.layout(page)
             video_parts = video.layout(page, prompts)
             download.layout(page)
 
@@ -249,7 +278,7 @@ def build(vit: str, cvt: str, notice: str = "", at_hand: set[str] | None = None)
             """What follows an Explain: each tab draws what it shows without a click, so it is ready when opened
             (the first Explain event documents the endpoints; the pairs' copies stay unlisted)."""
             for tab in (token_parts, attention_parts, class_parts, anatomy_parts, compare_parts, decide_parts,
-                        concepts_parts, circuits_parts):
+                        concepts_parts, circuits_parts, training_parts):
                 tab.explained(event, public)
 
         answered = run.click(as_files(explain), inputs=[image, model_a, model_b, prompts], outputs=answer,
@@ -275,8 +304,14 @@ def build(vit: str, cvt: str, notice: str = "", at_hand: set[str] | None = None)
         image.select(attention.pick_point, inputs=None, outputs=[point], api_name="pick_point", **INSTANT).then(
             *attention_parts.on_point, **INSTANT, **HIDDEN).then(*token_parts.on_point, **INSTANT, **HIDDEN).then(
             *concepts_parts.on_point, **INSTANT, **HIDDEN)
+        moved = training_at.release(move_training, inputs=[model_a, model_b, training_at], outputs=[model_a, model_b],
+                                    api_name="move_training", **INSTANT)
+        explained(moved.success(as_files(explain), inputs=[image, model_a, model_b, prompts], outputs=answer,
+                                api_name="explain_training", preprocess=False, **MODEL_EVENTS, **HIDDEN))
         for listen in (model_a.change, model_b.change):
             listen(prompt_box, inputs=[model_a, model_b], outputs=[prompts], **INSTANT, **HIDDEN)
+            listen(training_controls, inputs=[model_a, model_b], outputs=[training_at, training_where], **INSTANT,
+                   **HIDDEN)
         gr.api(stats, api_name="stats", concurrency_limit=None)
     return demo
 

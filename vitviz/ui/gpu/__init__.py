@@ -15,7 +15,8 @@ Elsewhere (a CPU machine, a GPU Space) `spaces.GPU` changes nothing and these ar
 One module a job: `boundary.py` the decorator, loading and the trace every tab draws from; then each feature's
 GPU work in its own, `maps.py` (the first screen's maps and curves, the video's frames), `layers.py` (the Compare
 tab), `decisions.py` (What decides), `dictionaries.py` (Concepts), `circuits.py` (Circuits), `looks.py` (the feature
-pictures: the concept cards' "Draw this concept", the Anatomy tab's unit, `/looks`). A new tab's GPU work
+pictures: the concept cards' "Draw this concept", the Anatomy tab's unit, `/looks`), `training.py` (a photo along
+training). A new tab's GPU work
 is a new module here, its functions decorated with `boundary.gpu` and listed below, where the tabs call them as
 `gpu.<name>`.
 """
@@ -47,10 +48,11 @@ from .dictionaries import (
 from .layers import Lens, cka, lens, receptive
 from .looks import TARGET_KINDS, Picture, draw_pictures, drawing_seconds, duration_words, whole_number
 from .maps import FAITHFULNESS_S, MAPS_S, cards, class_maps, faithfulness, video_frames
+from .training import over_training
 
 __all__ = ["DEVICE", "FAITHFULNESS_S", "LOCAL_ALLOWED", "MAPS_S", "PATCH_BATCH", "STARTING", "TARGET_KINDS",
            "TRACE_LOADING_S", "TRACE_S", "ZERO_GPU", "CircuitReading", "ConceptImage", "ConceptReading", "Concepts",
            "Lens", "Picture", "Removal", "Traced", "cards", "cka", "class_maps", "concepts", "decide",
            "dictionary_folder", "dictionary_source", "draw_pictures", "drawing_seconds", "duration_words",
-           "faithfulness", "in_words", "lens", "load_model", "patch", "place", "read_circuits", "receptive", "trace",
-           "trace_seconds", "video_frames", "whole_number"]
+           "faithfulness", "in_words", "lens", "load_model", "over_training", "patch", "place", "read_circuits",
+           "receptive", "trace", "trace_seconds", "video_frames", "whole_number"]

@@ -1,0 +1,121 @@
+"""The app along training: the training slider moves both model boxes to the checkpoint nearest a fraction of their
+runs (a model that keeps none stays), the Training tab draws the shipped run's measures and this photo at every
+checkpoint (equal to each checkpoint loaded and run on its own), the bundled CvT's run starts at chance, and a person
+drags the slider in Chromium at a desktop's and a phone's width."""
+from pathlib import Path
+
+import gradio as gr
+import numpy as np
+import pytest
+import torch
+
+import vitviz
+from tests.app_server import SCREENSHOTS, explained_page, launch
+from vitviz import training
+from vitviz.ui import page, shared, training as tab
+
+ROOT = Path(__file__).resolve().parents[1]
+PHOTO = ROOT / "assets" / "cat_chelsea.jpg"
+PAIR = ("vit-cifar10", "cvt-cifar10")
+QUIET = dict(progress=lambda *a, **k: None)
+
+
+@pytest.fixture(scope="module")
+def cvt_run() -> list[training.Checkpoint]:
+    kept = training.bundled_run("cvt-cifar10")
+    assert kept is not None and len(kept) >= 2 and kept[0].step == 0
+    return kept
+
+
+def test_the_slider_moves_both_boxes_to_the_nearest_checkpoint_and_a_model_without_a_run_stays(cvt_run):
+    assert page.move_training(*PAIR, 0) == (PAIR[0] if training.bundled_run(PAIR[0]) is None else f"{PAIR[0]}@0",
+                                            "cvt-cifar10@0")
+    assert page.move_training("vit-base", "cvt-cifar10", 1) == ("vit-base", f"cvt-cifar10@{cvt_run[-1].step}")
+    middle = training.nearest(cvt_run, 0.5)
+    assert page.move_training("cvt-cifar10@0", "resnet-cifar10", 0.5)[0] == f"cvt-cifar10@{middle.step}"
+    with pytest.raises(gr.Error, match="from 0 \\(initialisation\\) to 1 \\(end of training\\), not 1.5"):
+        page.move_training(*PAIR, 1.5)
+
+    kept, at, words = page.training_point("resnet-cifar10", f"cvt-cifar10@{middle.step}")
+    assert kept and at == pytest.approx(training.fraction_of(f"cvt-cifar10@{middle.step}"), abs=1e-3)
+    assert f"cvt-cifar10 at step {middle.step} (epoch" in words
+    assert "resnet-cifar10 keeps no checkpoints of its training: shown as trained" in words
+    assert page.training_point("resnet-cifar10", "swin-cifar10") == (False, 1.0, "")
+    assert page.training_point(*PAIR)[1] == 1.0   # the models as shipped: the end
+
+
+def test_the_bundled_cvts_run_starts_at_chance_and_ends_where_the_bundled_model_does(cvt_run, cifar10_path):
+    """Step 0 is the initialisation (accuracy about 10 % on a balanced test set); the run's end, a re-run of the
+    bundled recipe on this project's CPU, within 1.5 points of the bundled model on 2,000 test images."""
+    from vitviz.bundle import read_config
+    from vitviz.train import evaluate, load_cifar10
+
+    images, labels, _ = load_cifar10(cifar10_path, "test", 2000)
+    accuracy = {}
+    for name in ("cvt-cifar10@0", cvt_run[-1].name, "cvt-cifar10"):
+        loaded = vitviz.load(name, device="cpu")
+        predicted = evaluate(loaded.model, images, labels, loaded.transform, "cpu")[1]
+        accuracy[name] = predicted.eq(labels).float().mean().item()
+    assert abs(accuracy["cvt-cifar10@0"] - 0.10) < 0.04
+    assert abs(accuracy[cvt_run[-1].name] - accuracy["cvt-cifar10"]) < 0.015
+    recipe = read_config(cvt_run[-1].folder)["training"]
+    assert recipe == read_config(ROOT / "checkpoints" / "cvt-cifar10")["training"]
+
+
+def test_the_training_tab_draws_the_shipped_run_and_the_photo_at_every_checkpoint(cvt_run):
+    key = page.explain({"path": str(PHOTO)}, "vit-cifar10", f"cvt-cifar10@{cvt_run[3].step}", **QUIET).key
+    words, distance_a, distance_b, cka_a, cka_b, curves, photo = tab.render_training(key)
+    shipped = training.shipped("cvt-cifar10")
+    assert training.summary_words(shipped) in words and "**cvt-cifar10**: accuracy" in words
+    for figure in (distance_b, cka_b, curves, photo):
+        assert isinstance(figure, np.ndarray) and figure.shape[2] == 3 and figure.std() > 10
+    if training.shipped("vit-cifar10") is None:
+        assert distance_a is None and cka_a is None and "**vit-cifar10**: no training run of it ships" in words
+
+    series = tab.photo_series(key)
+    assert series[0] is None if training.bundled_run("vit-cifar10") is None else series[0] is not None
+    cvt = series[1]
+    assert cvt["steps"] == [c.step for c in cvt_run] and cvt["labels"] == list(shared.runs(key)[1].loaded.labels)
+    pixels = shared.session(key).traced[1].pixels
+    for checkpoint, probs in zip(cvt_run[::4], cvt["probs"][::4]):   # each checkpoint loaded and run on its own
+        loaded = vitviz.load(checkpoint.name, device="cpu")
+        with torch.inference_mode():
+            expected = loaded.model(pixels).softmax(dim=-1)[0].numpy()
+        np.testing.assert_allclose(probs, expected, atol=1e-5)
+    assert shared.runs(key)[1].name == f"cvt-cifar10@{cvt_run[3].step}"   # the Explain ran the checkpoint itself
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("training-app")
+    server = launch(tmp, "--vit", PAIR[0], "--cvt", PAIR[1])
+    yield server
+    server.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("width", [1400, 390], ids=["1400 px wide", "a phone, 390 px wide"])
+def test_a_person_drags_the_training_slider_to_the_start_and_opens_the_training_tab(served, width):
+    from tests.test_app import open_tab
+    with explained_page(served.url, PHOTO, width=width) as page_:
+        where = page_.locator("#training-where")
+        assert "cvt-cifar10 as shipped" in where.inner_text()
+        before = page_.locator("#label-b").inner_text()
+        slider = page_.locator("#training-slider input[type=range]")
+        slider.scroll_into_view_if_needed()
+        slider.fill("0")
+        slider.dispatch_event("pointerup")   # the end of a drag: Gradio's `release`
+        where.get_by_text("cvt-cifar10 at step 0").first.wait_for(timeout=120_000)
+        page_.wait_for_function("before => document.querySelector('#label-b').innerText !== before", arg=before,
+                                timeout=120_000)
+        assert page_.locator("#tabs").count() == 1
+        open_tab(page_, "Training")
+        page_.locator("#training-words").get_by_text("CKA to the end").first.wait_for(timeout=120_000)
+        for panel in ("#training-photo", "#training-curves", "#training-cka-b"):
+            image = page_.locator(f"{panel} img").first
+            image.wait_for(state="attached", timeout=120_000)
+            image.scroll_into_view_if_needed()
+            image.wait_for(timeout=60_000)
+        assert page_.locator("#training-photo img").first.bounding_box()["width"] <= width
+        page_.locator("#tabs").screenshot(path=str(SCREENSHOTS / f"11-training-{width}.png"))
+    assert served.process.poll() is None
