@@ -64,7 +64,7 @@ def test_the_bundled_cvts_run_starts_at_chance_and_ends_where_the_bundled_model_
 
 def test_the_training_tab_draws_the_shipped_run_and_the_photo_at_every_checkpoint(cvt_run):
     key = page.explain({"path": str(PHOTO)}, "vit-cifar10", f"cvt-cifar10@{cvt_run[3].step}", **QUIET).key
-    words, distance_a, distance_b, cka_a, cka_b, curves, photo = tab.render_training(key)
+    words, distance_a, distance_b, cka_a, cka_b, curves, photo, born = tab.render_training(key)
     shipped = training.shipped("cvt-cifar10")
     assert training.summary_words(shipped) in words and "**cvt-cifar10**: accuracy" in words
     for figure in (distance_b, cka_b, curves, photo):

@@ -190,6 +190,16 @@ def _at_depth(model: str, block: int, depth: int, concepts: int) -> BundledDicti
                              folder=f"{model}-depths/block{block}")
 
 
+def _across_run(model: str, steps: tuple[int, ...]) -> BundledDictionary:
+    return BundledDictionary(f"{model}-training", tuple(f"{model}@{step}" for step in steps),
+                             f"one dictionary across {model}'s training run ({len(steps)} of its checkpoints, step "
+                             f"{steps[0]} to {steps[-1]}), last block, 768 concepts: when each concept is born")
+
+
+# the kept steps of a bundled model's training run that its dictionary across the run reads
+# (checkpoints/concepts/training.sh; `concepts.analysis.birth` says when each of its concepts is born)
+RUN_DICTIONARY_STEPS = {"cvt-cifar10": (0, 50, 100, 200, 391, 782, 1564, 2737, 3910, 4692)}
+
 BUNDLED_DICTIONARIES: dict[str, BundledDictionary] = {e.name: e for e in [
     BundledDictionary("vit-cifar10-last", ("vit-cifar10",), "vit-cifar10's last block, 768 concepts (TopK, k 16)"),
     BundledDictionary("vit-cifar10-middle", ("vit-cifar10",),
@@ -210,6 +220,7 @@ BUNDLED_DICTIONARIES: dict[str, BundledDictionary] = {e.name: e for e in [
         ("vit-cifar10", 7, ((1, 768), (3, 768), (5, 768))), ("cvt-cifar10", 9, ((1, 512), (3, 768), (5, 768))),
         ("swin-cifar10", 10, ((0, 192), (2, 384), (6, 768))), ("resnet-cifar10", 6, ((1, 128), (3, 256), (4, 512))))
       for block, concepts in blocks),
+    *(_across_run(model, steps) for model, steps in RUN_DICTIONARY_STEPS.items()),
 ]}
 # the dictionaries a bundled model's circuit reads, in depth order (checkpoints/concepts/depths.sh and train.sh)
 CIRCUIT_DICTIONARIES: dict[str, tuple[str, ...]] = {

@@ -190,6 +190,7 @@ def block_by_checkpoint(result: dict, key: str) -> np.ndarray:
 
 
 def step_labels(result: dict) -> list[str]:
+    """A heatmap's column labels: each checkpoint's step and epoch."""
     return [f"{row['step']} ({row['epoch']:.2g} ep)" for row in result["checkpoints"]]
 
 
@@ -332,6 +333,41 @@ def prediction_figure(series: Sequence[dict], *, marks: Sequence[float | None] =
     ax.set_xlabel("epoch", fontsize=8)
     ax.set_ylabel("probability (%)", fontsize=8)
     ax.set_title("this photo along training: the class each model ends up predicting", fontsize=9)
+    ax.tick_params(labelsize=7)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return figure_to_rgb(fig)
+
+
+def concept_births(model: str) -> dict | None:
+    """What `concepts evaluate` measured of the bundled dictionary across `model`'s training run (its births:
+    steps, each concept's birth, how many exist at each step), None where none ships."""
+    from .concepts.build import METRICS
+
+    entry = catalog.BUNDLED_DICTIONARIES.get(f"{model.split('@')[0]}-training")
+    report = None if entry is None else entry.path / METRICS
+    if report is None or not report.is_file():
+        return None
+    return json.loads(report.read_text()).get("births")
+
+
+def births_figure(births: dict[str, dict]) -> np.ndarray:
+    """How many concepts of each model's dictionary across its run exist at each point of training (born at or
+    before it), against epochs."""
+    from matplotlib.figure import Figure
+
+    from .render.plots import figure_to_rgb
+
+    fig = Figure(figsize=(6.4, 2.8), dpi=100)
+    ax = fig.add_subplot()
+    for k, (model, born) in enumerate(births.items()):
+        epochs = {c.step: c.epoch for c in bundled_run(model) or []}
+        xs = [epochs.get(step, np.nan) for step in born["steps"]]
+        ax.plot(xs, born["existing"], "o-", color=f"C{k}", ms=3,
+                label=f"{model}: {born['existing'][-1]} of {len(born['born_at'])} concepts at the end")
+    ax.set_xlabel("epoch", fontsize=8)
+    ax.set_ylabel("concepts that exist", fontsize=8)
+    ax.set_title("when concepts are born: one dictionary across each run's checkpoints", fontsize=9)
     ax.tick_params(labelsize=7)
     ax.legend(fontsize=7)
     fig.tight_layout()

@@ -212,9 +212,12 @@ def evaluate_dictionary(loaded: Sequence, dictionary, data: Dataset, *, root: st
     """What `concepts evaluate` reports of a dictionary over the images `indices` of `data` (a held-out split):
     one model's FVU, L0, dead and dense shares (`analysis/metrics.py`) and its spliced-in agreement, KL and accuracies
     (`analysis/splice.py`, or in words why its block cannot be spliced); across models, the R² matrix, each concept's
-    firing entropy and the shares of shared and model-specific concepts (`analysis.across.across_metrics`). With it,
+    firing entropy and the shares of shared and model-specific concepts (`analysis.across.across_metrics`), and where
+    the models are checkpoints of one training run (`<model>@<step>`), when each concept was born
+    (`analysis.birth`). With it,
     each read row's mean code and error (`analysis/means.py`, a circuit's "mean" baseline): {file name: Means}."""
     from .analysis.across import across_metrics
+    from .analysis.birth import births, run_steps
     from .analysis.means import file_name, row_means
     from .analysis.metrics import metrics
     from .analysis.splice import spliced_metrics
@@ -233,7 +236,11 @@ def evaluate_dictionary(loaded: Sequence, dictionary, data: Dataset, *, root: st
         cells = math.prod(layers.alignment.grid)
         means = {file_name(model): row_means(part, [rows[m].reshape(-1, cells, rows[m].shape[-1])])
                  for m, (model, part) in enumerate(per_model.items())}
-        return {**report, "cells": list(layers.alignment.grid), **across_metrics(dictionary, rows).to_dict()}, means
+        report = {**report, "cells": list(layers.alignment.grid), **across_metrics(dictionary, rows).to_dict()}
+        steps = run_steps(dictionary.models)
+        if steps is not None:
+            report["births"] = births(dictionary, rows, steps)
+        return report, means
     means = {file_name(): row_means(dictionary, (tokens for tokens, _, _ in layers.cached[0].shard_grids()))}
     report.update(metrics(dictionary, rows[0]).to_dict())
     try:

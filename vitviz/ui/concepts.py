@@ -128,6 +128,9 @@ def table_rows(found: gpu.Concepts, side: int) -> tuple[list[str], list[list[str
     if column.partners is not None:
         parts.append(("match", lambda k, c: "none" if column.partners[k] is None else
                       f"{column.partners[k][0]} ({column.partners[k][1]:.2f})"))
+    born = born_at(column.source)
+    if born is not None:
+        parts.append(("born at", lambda k, c: "not at the end" if born[c] is None else f"step {born[c]}"))
     if column.removal is not None:
         parts.append(("without it", lambda k, c: moved(column.removal, c)))
     rows = [[cell(k, int(c)) for _, cell in parts] for k, c in enumerate(column.concepts)]
@@ -145,6 +148,9 @@ def table_words(run: ModelRun, found: gpu.Concepts, side: int) -> str:
         words.append(f"*data*, of {Path(column.data).name}'s tokens")
     if column.partners is not None:
         words.append(f"*match*, {found.columns[1 - side].model}'s concept whose map goes with it (correlation)")
+    if born_at(column.source) is not None:
+        words.append("*born at*, the step of the training run from which it carries at least half its final share of "
+                     "the block's variance")
     if column.removal is not None:
         words.append(f"*without it*, the top class with it removed from block {column.block + 1}")
     return "; ".join(words) + "."
@@ -158,14 +164,24 @@ def table(run: ModelRun, found: gpu.Concepts, side: int) -> str:
     return table_words(run, found, side) + "\n\n" + "\n".join(f"| {' | '.join(line)} |" for line in lines)
 
 
-def held_out_fvu(source: str) -> float | None:
-    """The FVU `vitviz concepts evaluate` measured on held-out images, from the metrics.json beside the dictionary
-    (None: it has none, as a dictionary from the Hub or one across models, whose report is an R² matrix)."""
+def evaluated(source: str) -> dict:
+    """What `vitviz concepts evaluate` wrote of a dictionary on held-out images (its metrics.json; {} where it has
+    none, as a dictionary from the Hub)."""
     folder = gpu.dictionary_folder(source)
     report = None if folder is None else folder / METRICS
-    if report is None or not report.is_file():
-        return None
-    return json.loads(report.read_text()).get("fvu")
+    return json.loads(report.read_text()) if report is not None and report.is_file() else {}
+
+
+def held_out_fvu(source: str) -> float | None:
+    """The held-out FVU of a dictionary of one model (None: not measured, or one across models, whose report is an
+    R² matrix)."""
+    return evaluated(source).get("fvu")
+
+
+def born_at(source: str) -> list[int | None] | None:
+    """Of a dictionary across a training run's checkpoints, each concept's birth step (`concepts.analysis.birth`;
+    None for one not in the trained model); None for any other dictionary."""
+    return evaluated(source).get("births", {}).get("born_at")
 
 
 def card_photo(run: ModelRun, column: gpu.ConceptReading) -> np.ndarray:

@@ -43,8 +43,9 @@ def photo_series(key) -> list:
 
 
 def render_training(key) -> tuple:
-    """The words, each model's attention-distance and CKA heatmaps, the accuracy curves and this photo along
-    training (for models whose training run ships)."""
+    """The words, each model's attention-distance and CKA heatmaps, the accuracy curves, this photo along training
+    (for models whose training run ships) and how many concepts exist along it (where a dictionary across the run
+    ships)."""
     kept = session(key)
     results = [training.shipped(name) for name in kept.names]
     words = [INTRO]
@@ -61,12 +62,15 @@ def render_training(key) -> tuple:
     found = [r for r in results if r is not None]
     curves = training.curves_figure(found) if found else None
     shown = [(one, training.fraction_of(name)) for one, name in zip(photo_series(key), kept.names) if one is not None]
+    births = {base_name(name): found for name in kept.names
+              if (found := training.concept_births(name)) is not None}
+    born = training.births_figure(births) if births else None
     photo = None
     if shown:
         marks = [None if fraction is None else one["epochs"][0] + fraction * (one["epochs"][-1] - one["epochs"][0])
                  for one, fraction in shown]
         photo = training.prediction_figure([one for one, _ in shown], marks=marks)
-    return ("\n\n".join(words), *distance, *cka, curves, photo)
+    return ("\n\n".join(words), *distance, *cka, curves, photo, born)
 
 
 @dataclass
@@ -80,6 +84,8 @@ def layout(page: Page) -> TrainingTab:
         photo = gr.Image(label="this photo along training (dashed: the checkpoint shown)", interactive=False,
                          elem_id="training-photo")
         curves = gr.Image(label="accuracy along training", interactive=False, elem_id="training-curves")
+        born = gr.Image(label="when concepts are born (the Concepts tab's \"born at\" with the dictionary across the "
+                              "run)", interactive=False, elem_id="training-births")
         with gr.Row():
             distance_a = gr.Image(label="left: mean attention distance, block x checkpoint", interactive=False,
                                   elem_id="training-distance-a", min_width=280)
@@ -90,7 +96,7 @@ def layout(page: Page) -> TrainingTab:
                              min_width=280)
             cka_b = gr.Image(label="right: CKA to its final checkpoint", interactive=False, elem_id="training-cka-b",
                              min_width=280)
-    outputs = [words, distance_a, distance_b, cka_a, cka_b, curves, photo]
+    outputs = [words, distance_a, distance_b, cka_a, cka_b, curves, photo, born]
     tab.select(as_files(render_training), inputs=[page.key], outputs=outputs, api_name="render_training",
                **MODEL_EVENTS)
 
