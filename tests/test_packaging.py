@@ -139,6 +139,9 @@ def test_the_wheel_holds_every_module_the_bundled_models_and_vitviz_version(whee
     for entry in catalog.bundled():
         assert {f"vitviz/checkpoints/{entry.source}/config.json",
                 f"vitviz/checkpoints/{entry.source}/model.safetensors"} <= names, entry.name
+        kept = {str(p.relative_to(ROOT / "checkpoints")) for p in (entry.path / "steps").rglob("*")
+                if p.name in ("config.json", "model.safetensors") or p.suffix == ".json"}
+        assert {f"vitviz/checkpoints/{name}" for name in kept} <= names, entry.name   # its training run
     assert f"\nVersion: {vitviz.__version__}\n" in metadata
 
 

@@ -121,3 +121,25 @@ def test_the_figures_draw_a_block_by_checkpoint_grid(followed):
     for image in (training.distance_figure(followed), training.cka_figure(followed),
                   training.curves_figure([followed])):
         assert image.ndim == 3 and image.shape[2] == 3 and image.std() > 10
+
+
+def test_a_run_made_in_pieces_equals_the_run_made_at_once(tmp_path, cifar10_path):
+    """`--stop-after 1` then `--resume`: the same weights, log and kept steps, bit for bit, as one unbroken run."""
+    from safetensors.torch import load_file
+
+    from vitviz.bundle import WEIGHTS_FILE, saved_steps, step_folder
+    from vitviz.train import main
+
+    common = ["--arch", "vit-micro", "--data", str(cifar10_path), "--epochs", "3", "--limit-train", "128",
+              "--limit-test", "50", "--batch-size", "64", "--threads", "1", "--save-steps", "0", "3", "6"]
+    main([*common, "--out", str(tmp_path / "once")])
+    main([*common, "--out", str(tmp_path / "pieces"), "--stop-after", "1"])
+    assert saved_steps(tmp_path / "pieces") == [0] and not (tmp_path / "pieces" / WEIGHTS_FILE).exists()
+    main([*common, "--out", str(tmp_path / "pieces"), "--resume"])
+    for folder in (lambda run: tmp_path / run, lambda run: step_folder(tmp_path / run, 3),
+                   lambda run: step_folder(tmp_path / run, 6)):
+        once, pieces = (load_file(folder(run) / WEIGHTS_FILE) for run in ("once", "pieces"))
+        assert once.keys() == pieces.keys() and all(torch.equal(once[k], pieces[k]) for k in once)
+    logs = [[{k: v for k, v in json.loads(line).items() if k != "epoch_s"}
+             for line in (tmp_path / run / "log.jsonl").read_text().splitlines()] for run in ("once", "pieces")]
+    assert logs[0] == logs[1] and len(logs[0]) == 3

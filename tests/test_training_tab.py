@@ -119,3 +119,19 @@ def test_a_person_drags_the_training_slider_to_the_start_and_opens_the_training_
         assert page_.locator("#training-photo img").first.bounding_box()["width"] <= width
         page_.locator("#tabs").screenshot(path=str(SCREENSHOTS / f"11-training-{width}.png"))
     assert served.process.poll() is None
+
+
+def test_a_step_is_a_model_name_in_the_command_line_and_the_app_and_a_missing_one_is_refused_with_those_kept(
+        cvt_run, tmp_path, capsys):
+    from vitviz import cli
+
+    out = tmp_path / "out"
+    assert cli.main(["explain", str(PHOTO), "--models", "cvt-cifar10@0", f"cvt-cifar10@{cvt_run[-1].step}",
+                     "--methods", "rollout", "--out", str(out)]) == 0
+    manifest = (out / "manifest.json").read_text()
+    assert "cvt-cifar10@0" in manifest and f"cvt-cifar10@{cvt_run[-1].step}" in manifest
+    kept = ", ".join(str(c.step) for c in cvt_run)
+    assert cli.main(["explain", str(PHOTO), "--models", "cvt-cifar10@7", "--out", str(out)]) == 2
+    assert f"no checkpoint of cvt-cifar10 at step 7; cvt-cifar10 keeps steps {kept}" in capsys.readouterr().err
+    with pytest.raises(gr.Error, match=f"no checkpoint of cvt-cifar10 at step 7; cvt-cifar10 keeps steps {kept}"):
+        page.explain({"path": str(PHOTO)}, "vit-cifar10", "cvt-cifar10@7", **QUIET)

@@ -5,7 +5,8 @@
 The usual small-data recipe: random crop with 4 px padding, horizontal flip, label smoothing,
 AdamW (or, for the ResNet, SGD with Nesterov momentum, as He et al. train it) with linear warm-up then
 cosine decay. Deterministic for a given seed and thread count; every
-epoch is logged (`log.jsonl`) and checkpointed (`train_state.pt`), and `--resume` carries on from it.
+epoch is logged (`log.jsonl`) and checkpointed (`train_state.pt`), and `--resume` carries on from it
+(`--stop-after N` ends a run after epoch N of its schedule, so it can be made in pieces).
 `--save-steps 0 50 100 ...` also keeps the model as it was after that many optimiser steps (0: its
 initialisation) in `OUT/steps/step-<N>/`, each a checkpoint folder `vitviz.load` reads (`<model>@<N>` for a
 bundled model), so a training run can be looked at along the way.
@@ -140,11 +141,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--limit-train", type=int, default=None, help="use only the first N training images")
     p.add_argument("--limit-test", type=int, default=None, help="evaluate on the first N test images")
     p.add_argument("--resume", action="store_true", help="continue from OUT/train_state.pt")
+    p.add_argument("--stop-after", type=int, default=None, metavar="EPOCH",
+                   help="stop after this epoch, its state saved (the schedule still spans --epochs): a run in pieces, "
+                        "continued by --resume")
     p.add_argument("--steps-dtype", choices=("int8", "float16"), default="int8",
                    help="how --save-steps stores the kept models (int8: a scale per row, half fp16's bytes)")
     p.add_argument("--save-steps", type=int, nargs="+", default=[], metavar="N",
                    help="also save the model after these optimiser steps (0: as initialised) in OUT/steps/step-N/")
     args = p.parse_args(argv)
+    if args.stop_after is not None and not 1 <= args.stop_after <= args.epochs:
+        p.error(f"--stop-after is an epoch from 1 to --epochs ({args.epochs}), not {args.stop_after}")
     if any(step < 0 for step in args.save_steps):
         p.error(f"--save-steps are numbers of optimiser steps, 0 or more, not {min(args.save_steps)}")
     return args
@@ -195,7 +201,7 @@ def main(argv=None) -> None:
 
     use_amp = device.type == "cuda"
     training = {k: v for k, v in vars(args).items() if k not in ("out", "resume", "device", "threads", "save_steps",
-                                                                 "steps_dtype")}
+                                                                 "steps_dtype", "stop_after")}
 
     def save_step(step: int) -> None:
         if step in args.save_steps:
@@ -247,6 +253,9 @@ def main(argv=None) -> None:
                     "generator": generator.get_state(), "epoch": epoch + 1, "elapsed": elapsed},
                    state_path.with_suffix(".tmp"))
         state_path.with_suffix(".tmp").replace(state_path)
+        if args.stop_after == epoch + 1 and epoch + 1 < args.epochs:
+            print(f"stopped after epoch {epoch + 1} of {args.epochs}: --resume continues", flush=True)
+            return
 
     _, preds = evaluate(model, test_x, test_y, transform, device)
     per_class = {c: (preds[test_y == k] == k).float().mean().item() for k, c in enumerate(classes)}
