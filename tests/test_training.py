@@ -115,6 +115,17 @@ def test_vitviz_training_writes_the_json_and_figures_and_refuses_a_model_without
     assert "neither a bundled model nor a training run's folder" in capsys.readouterr().err
 
 
+def test_the_words_say_what_the_measures_show_in_their_numbers(followed):
+    rows = followed["checkpoints"]
+    words = training.summary_words(followed)
+    assert f"accuracy {100 * rows[0]['accuracy']:.0f} % at step 0" in words
+    assert f"{100 * rows[-1]['accuracy']:.0f} % at step 4" in words and f"over {IMAGES} test images" in words
+    other = {**followed, "model": "other"}
+    both = training.comparison_words([followed, other])
+    assert both.count(f"{100 * rows[-1]['accuracy']:.0f} %") >= 2 and "(other)" in both
+    assert f"{rows[0]['attention_distance'][0]:.1f} → {rows[-1]['attention_distance'][0]:.1f} px" in both
+
+
 def test_the_figures_draw_a_block_by_checkpoint_grid(followed):
     values = training.block_by_checkpoint(followed, "attention_distance")
     assert values.shape == (2, len(STEPS)) and np.isfinite(values).all()

@@ -313,6 +313,34 @@ def summary_words(result: dict) -> str:
     return words + f" (over {result['images']} test images)."
 
 
+def _at_epoch(result: dict, epoch: float) -> dict:
+    return min(result["checkpoints"], key=lambda row: abs(row["epoch"] - epoch))
+
+
+def _settled(result: dict) -> dict:
+    return next((row for row in result["checkpoints"] if np.mean(row["cka_to_final"]) >= 0.9),
+                result["checkpoints"][-1])
+
+
+def comparison_words(results: Sequence[dict]) -> str:
+    """How differently two runs learned, in their measured numbers: accuracy after about one epoch and at the end,
+    when their blocks settle (mean CKA to the end 0.9), and how far their first blocks attend at the start and the
+    end."""
+    a, b = results
+    one = [_at_epoch(r, 1.0) for r in (a, b)]
+    words = (f"After about one epoch {a['model']} is at {100 * one[0]['accuracy']:.0f} % (step {one[0]['step']}) and "
+             f"{b['model']} at {100 * one[1]['accuracy']:.0f} % (step {one[1]['step']}); at the end "
+             f"{100 * a['checkpoints'][-1]['accuracy']:.0f} % and {100 * b['checkpoints'][-1]['accuracy']:.0f} %. "
+             f"Their blocks settle (mean CKA to the end 0.9) at epoch {_settled(a)['epoch']:.2g} and "
+             f"{_settled(b)['epoch']:.2g}.")
+    first = [(r["checkpoints"][0]["attention_distance"][0], r["checkpoints"][-1]["attention_distance"][0])
+             for r in (a, b)]
+    if all(start is not None for start, _ in first):
+        words += (f" Their first blocks attend {first[0][0]:.1f} → {first[0][1]:.1f} px ({a['model']}) and "
+                  f"{first[1][0]:.1f} → {first[1][1]:.1f} px ({b['model']}) from initialisation to the end.")
+    return words
+
+
 def prediction_figure(series: Sequence[dict], *, marks: Sequence[float | None] = ()) -> np.ndarray:
     """A photo along training: per model (`series[i]`: model, epochs, probs (checkpoints x classes), labels) the
     probability of the class it ends up predicting at each checkpoint; `marks`: the epoch each model is shown at."""

@@ -54,6 +54,8 @@ def render_training(key) -> tuple:
                      f"**{base_name(name)}**: no training run of it ships, so there is nothing to draw along training "
                      f"(`python -m vitviz.train --save-steps ...` keeps a run's checkpoints, `vitviz training` "
                      f"measures them).")
+    if all(r is not None for r in results) and len(results) == 2:
+        words.append(training.comparison_words(results))
     attends = [r if r is not None and r["checkpoints"][-1]["attention_distance"][0] is not None else None
                for r in results]
     top = max((np.nanmax(training.block_by_checkpoint(r, "attention_distance")) for r in attends if r), default=None)
