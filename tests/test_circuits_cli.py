@@ -70,6 +70,8 @@ def test_by_default_a_dictionary_across_exactly_the_models_asked_for_takes_the_p
         sources_for(models[:2], ["across-cifar10", "vit-cifar10-last", "cvt-cifar10-last"])
     with pytest.raises(ConceptsError, match="vitviz has no default dictionaries for vit-base: name them"):
         default_sources(["vit-cifar10", "vit-base"])
+    with pytest.raises(ConceptsError, match="cvt-cifar10@391: a checkpoint along its training, whose blocks compute"):
+        default_sources(["vit-cifar10", "cvt-cifar10@391"])
 
 
 @pytest.mark.parametrize("args, words", [

@@ -37,6 +37,12 @@ def default_sources(names: Sequence[str]) -> list[str]:
     `catalog.CIRCUIT_DICTIONARIES` on disk, and the bundled ones across exactly these models. A model without
     them is refused in words."""
     missing = [name for name in names if name not in catalog.CIRCUIT_DICTIONARIES]
+    steps = [name for name in missing if name.partition("@")[0] in catalog.CIRCUIT_DICTIONARIES]
+    if steps:   # a bundled model along its training: its dictionaries describe the trained model's blocks
+        raise ConceptsError(f"{', '.join(steps)}: a checkpoint along {'their' if len(steps) > 1 else 'its'} training, "
+                            f"whose blocks compute other things than the trained model's, so the bundled "
+                            f"dictionaries (trained on the model as shipped) do not describe them; the Concepts tab's "
+                            f"dictionary across a training run reads the last block at every kept step.")
     if missing:
         raise ConceptsError(f"vitviz has no default dictionaries for {', '.join(missing)}: name them "
                             f"(a folder of block<N> folders from `vitviz concepts train --block A B C`, files, Hub "
