@@ -382,7 +382,8 @@ def test_the_api_page_lists_one_endpoint_per_computation_and_each_answers_from_a
                     "/pick_point", "/stats",
                     "/render_lens", "/render_lens_layer", "/render_residual", "/render_cka", "/compute_cka",
                     "/render_decide", "/patch_plan", "/patch", "/render_windows", "/render_biases", "/render_reach",
-                    "/render_reach_layer", "/explain_video", "/concepts", "/circuit", "/looks"}
+                    "/render_reach_layer", "/explain_video", "/concepts", "/circuit", "/looks", "/move_training",
+                    "/render_training"}
     assert set(api) == computations, sorted(set(api) ^ computations)
     result = client.predict(handle_file(str(PHOTO)), *PAIR, api_name="/explain")
     label_a, label_b, map_a, map_b, words = result

@@ -151,6 +151,7 @@ def every_call():
     calls += [("/explain_video", (clip, *PAIR, ["rollout", "chefer"], 4))]
     calls += [("/circuit", ("", "", "zero", "atp", False, 0.8))]
     calls += [("/looks", (["vit-cifar10"], "unit", 2, 5, "", "maco", 4, 0))]
+    calls += [("/render_training", ()), ("/move_training", (*PAIR, 0.5))]
     return calls
 
 
