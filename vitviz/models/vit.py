@@ -205,7 +205,9 @@ class ViT(nn.Module):
         self.dist_token = nn.Parameter(torch.zeros(1, 1, c.embed_dim)) if c.dist_token else None
         self.reg_token = nn.Parameter(torch.zeros(1, c.reg_tokens, c.embed_dim)) if c.reg_tokens else None
         pos_slots = self.grid[0] * self.grid[1] + (0 if c.no_embed_class else self.num_prefix)
-        self.pos_embed = nn.Parameter(torch.zeros(1, pos_slots, c.embed_dim))   # drawn in _init_weights
+        self.pos_embed = nn.Parameter(torch.zeros(1, pos_slots, c.embed_dim))
+        if not self.pos_embed.is_meta:   # drawn here, before the blocks: the random stream the bundled ViT began with
+            nn.init.normal_(self.pos_embed, std=0.02)
         self.norm_pre = LayerNorm(c.embed_dim, eps=c.ln_eps) if c.pre_norm else nn.Identity()
         self.blocks = nn.ModuleList([
             Block(dim=c.embed_dim, heads=c.num_heads, mlp_ratio=c.mlp_ratio, qkv_bias=c.qkv_bias,
@@ -223,7 +225,6 @@ class ViT(nn.Module):
             # built on the meta device to be loaded (hub.py, bundle.py): nothing to draw, and a normal draw there
             # goes through torch's Python refs, which import torch._dynamo (1.4 s) on the first load
             return
-        nn.init.normal_(self.pos_embed, std=0.02)
         for token in (self.cls_token, self.dist_token, self.reg_token):
             if token is not None:
                 nn.init.normal_(token, std=1e-6 if token is self.cls_token else 0.02)
