@@ -23,6 +23,6 @@ done
 # one dictionary across the CvT's run (catalog.RUN_DICTIONARY_STEPS), its held-out births and exemplars
 OUT=checkpoints/concepts/cvt-cifar10-training
 python -m vitviz concepts train --models $(for step in $KEEP; do printf 'cvt-cifar10@%s ' "$step"; done) --block -1 \
-  --data "$DATA" --limit 10000 --kind topk --k 16 --expansion 4 --epochs 20 --warmup 100 --out "$OUT"
-python -m vitviz concepts evaluate "$OUT" --data "$DATA" --split test --limit 2000
-python -m vitviz concepts exemplars "$OUT" --data "$DATA" --split test --limit 1000 --top 5 --jpeg-quality 60
+  --data "$DATA" --limit 5000 --kind topk --k 16 --expansion 2 --epochs 20 --warmup 40 --out "$OUT"
+python -m vitviz concepts evaluate "$OUT" --data "$DATA" --split test --limit 1000
+python -m vitviz concepts exemplars "$OUT" --data "$DATA" --split test --limit 500 --top 5 --jpeg-quality 60

@@ -193,7 +193,7 @@ def _at_depth(model: str, block: int, depth: int, concepts: int) -> BundledDicti
 def _across_run(model: str, steps: tuple[int, ...]) -> BundledDictionary:
     return BundledDictionary(f"{model}-training", tuple(f"{model}@{step}" for step in steps),
                              f"one dictionary across {model}'s training run ({len(steps)} of its checkpoints, step "
-                             f"{steps[0]} to {steps[-1]}), last block, 768 concepts: when each concept is born")
+                             f"{steps[0]} to {steps[-1]}), last block, 384 concepts: when each concept is born")
 
 
 # the kept steps of a bundled model's training run that its dictionary across the run reads
