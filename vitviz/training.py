@@ -292,7 +292,8 @@ def where_words(name: str) -> str:
         return f"{base} keeps no checkpoints of its training: shown as trained"
     at = next((c for c in kept if c.name == name.strip()), None)
     if at is None:
-        return f"{base} as shipped (its kept run: steps {kept[0].step} to {kept[-1].step})"
+        return (f"{base} as shipped (the slider moves through its kept run, steps {kept[0].step} to "
+                f"{kept[-1].step})")
     return f"{base} at step {at.step} (epoch {at.epoch:.2g} of {kept[-1].epoch:.3g})"
 
 
