@@ -91,3 +91,14 @@ def dinov2_repos(hub, tmp_path_factory) -> dict:
         hub.publish(source, files_of(folder))
         repos[name] = (source, reference.eval())
     return repos
+
+
+@pytest.fixture(scope="module")
+def bundled_app(tmp_path_factory):
+    """The app, launched offline with the bundled pair (a module's own server)."""
+    from tests.app_server import launch
+    from vitviz.catalog import BUNDLED_PAIR
+
+    server = launch(tmp_path_factory.mktemp("bundled-app"), "--vit", BUNDLED_PAIR[0], "--cvt", BUNDLED_PAIR[1])
+    yield server
+    server.stop()

@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 import vitviz
-from tests.app_server import SCREENSHOTS, explained_page, launch
+from tests.app_server import SCREENSHOTS, explained_page
 from vitviz.circuits import pair, photo_circuit
 from vitviz.concepts import load
 from vitviz.concepts.analysis.exemplars import index_in
@@ -231,20 +231,11 @@ def left_graph() -> dict:
     return photo_circuit(loaded[0], image, dictionaries=DEFAULT_SOURCES(loaded)[0]).to_json()
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    """The app, launched offline with the bundled pair and its default dictionaries."""
-    tmp = tmp_path_factory.mktemp("circuits-app")
-    server = launch(tmp, "--vit", PAIR[0], "--cvt", PAIR[1])
-    yield server
-    server.stop()
-
-
 @pytest.mark.slow
-def test_circuit_is_one_documented_endpoint_and_answers_from_a_real_client(served):
+def test_circuit_is_one_documented_endpoint_and_answers_from_a_real_client(bundled_app):
     from gradio_client import Client, handle_file
-    client = Client(served.url, verbose=False, analytics_enabled=False,
-                    download_files=str(served.log.parent / "downloads"))
+    client = Client(bundled_app.url, verbose=False, analytics_enabled=False,
+                    download_files=str(bundled_app.log.parent / "downloads"))
     api = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
     assert "/circuit" in api and "/circuits_open" not in api
     assert [p["parameter_name"] for p in api["/circuit"]["parameters"]] == [
@@ -261,10 +252,10 @@ def test_circuit_is_one_documented_endpoint_and_answers_from_a_real_client(serve
 
 @pytest.mark.slow
 @pytest.mark.parametrize("width", [1400, 390], ids=["1400 px wide", "a phone, 390 px wide"])
-def test_a_person_opens_the_circuits_tab_sees_both_graphs_and_their_faithfulness_and_clicks_a_node(served, width,
+def test_a_person_opens_the_circuits_tab_sees_both_graphs_and_their_faithfulness_and_clicks_a_node(bundled_app, width,
                                                                                                  left_graph):
     from tests.test_app import open_tab
-    with explained_page(served.url, PHOTO, width=width) as page_:
+    with explained_page(bundled_app.url, PHOTO, width=width) as page_:
         open_tab(page_, "Circuits")   # opening it draws both circuits
         page_.locator("#circuits-note").get_by_text("F = ").first.wait_for(timeout=300_000)
         for panel in ("#circuits-graph-a", "#circuits-graph-b", "#circuits-curves"):
@@ -289,7 +280,7 @@ def test_a_person_opens_the_circuits_tab_sees_both_graphs_and_their_faithfulness
         page_.locator("#circuits-card-words").get_by_text(strongest["name"]).first.wait_for(timeout=60_000)
         page_.locator("#circuits-card img").first.wait_for(timeout=30_000)
         page_.locator("#tabs").screenshot(path=str(SCREENSHOTS / f"10-circuits-{width}.png"))
-    assert served.process.poll() is None
+    assert bundled_app.process.poll() is None
 
 
 def test_the_class_over_the_test_set_shows_the_shipped_class_circuits_and_runs_no_model(shown_pair, calls, monkeypatch,

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import vitviz
-from tests.app_server import SCREENSHOTS, explained_page, launch
+from tests.app_server import SCREENSHOTS, explained_page
 from vitviz import training
 from vitviz.ui import page, shared, training as tab
 
@@ -88,19 +88,11 @@ def test_the_training_tab_draws_the_shipped_run_and_the_photo_at_every_checkpoin
     assert shared.runs(key)[1].name == f"cvt-cifar10@{cvt_run[3].step}"   # the Explain ran the checkpoint itself
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("training-app")
-    server = launch(tmp, "--vit", PAIR[0], "--cvt", PAIR[1])
-    yield server
-    server.stop()
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("width", [1400, 390], ids=["1400 px wide", "a phone, 390 px wide"])
-def test_a_person_drags_the_training_slider_to_the_start_and_opens_the_training_tab(served, width):
+def test_a_person_drags_the_training_slider_to_the_start_and_opens_the_training_tab(bundled_app, width):
     from tests.test_app import open_tab
-    with explained_page(served.url, PHOTO, width=width) as page_:
+    with explained_page(bundled_app.url, PHOTO, width=width) as page_:
         where = page_.locator("#training-where")
         assert "cvt-cifar10 as shipped" in where.inner_text()
         before = page_.locator("#label-b").inner_text()
@@ -121,7 +113,7 @@ def test_a_person_drags_the_training_slider_to_the_start_and_opens_the_training_
             image.wait_for(timeout=60_000)
         assert page_.locator("#training-photo img").first.bounding_box()["width"] <= width
         page_.locator("#tabs").screenshot(path=str(SCREENSHOTS / f"11-training-{width}.png"))
-    assert served.process.poll() is None
+    assert bundled_app.process.poll() is None
 
 
 def test_a_step_is_a_model_name_in_the_command_line_and_the_app_and_a_missing_one_is_refused_with_those_kept(

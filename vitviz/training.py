@@ -227,7 +227,6 @@ def curves_figure(results: Sequence[dict]) -> np.ndarray:
     plot."""
     from matplotlib.figure import Figure
 
-    from .render.plots import figure_to_rgb
 
     fig = Figure(figsize=(6.4, 3.4), dpi=100)
     ax = fig.add_subplot()
@@ -243,10 +242,17 @@ def curves_figure(results: Sequence[dict]) -> np.ndarray:
             ax.plot(epochs, [100 * v for v in lens], "--", color=colour, lw=1,
                     label=f"{result['model']}: logit lens at {result['blocks'][middle]}")
     ax.axhline(10, color="0.6", lw=0.8, ls=":")
+    images = ", ".join(str(r["images"]) for r in results)
+    return _finished(fig, ax, y="top-1 (%)", title=f"accuracy along training ({images} images; dotted: chance)")
+
+
+def _finished(fig, ax, *, y: str, title: str) -> np.ndarray:
+    """A plot against epochs labelled, its legend drawn, as an RGB image."""
+    from .render.plots import figure_to_rgb
+
     ax.set_xlabel("epoch", fontsize=8)
-    ax.set_ylabel("top-1 (%)", fontsize=8)
-    ax.set_title(f"accuracy along training ({', '.join(str(r['images']) for r in results)} images; dotted: chance)",
-                 fontsize=9)
+    ax.set_ylabel(y, fontsize=8)
+    ax.set_title(title, fontsize=9)
     ax.tick_params(labelsize=7)
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -347,7 +353,6 @@ def prediction_figure(series: Sequence[dict], *, marks: Sequence[float | None] =
     probability of the class it ends up predicting at each checkpoint; `marks`: the epoch each model is shown at."""
     from matplotlib.figure import Figure
 
-    from .render.plots import figure_to_rgb
 
     fig = Figure(figsize=(6.4, 2.8), dpi=100)
     ax = fig.add_subplot()
@@ -359,13 +364,8 @@ def prediction_figure(series: Sequence[dict], *, marks: Sequence[float | None] =
         if k < len(marks) and marks[k] is not None:
             ax.axvline(marks[k], color=f"C{k}", lw=0.8, ls="--")
     ax.set_ylim(0, 100)
-    ax.set_xlabel("epoch", fontsize=8)
-    ax.set_ylabel("probability (%)", fontsize=8)
-    ax.set_title("this photo along training: the class each model ends up predicting", fontsize=9)
-    ax.tick_params(labelsize=7)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    return figure_to_rgb(fig)
+    return _finished(fig, ax, y="probability (%)",
+                     title="this photo along training: the class each model ends up predicting")
 
 
 def concept_births(model: str) -> dict | None:
@@ -385,7 +385,6 @@ def births_figure(births: dict[str, dict]) -> np.ndarray:
     before it), against epochs."""
     from matplotlib.figure import Figure
 
-    from .render.plots import figure_to_rgb
 
     fig = Figure(figsize=(6.4, 2.8), dpi=100)
     ax = fig.add_subplot()
@@ -394,10 +393,5 @@ def births_figure(births: dict[str, dict]) -> np.ndarray:
         xs = [epochs.get(step, np.nan) for step in born["steps"]]
         ax.plot(xs, born["existing"], "o-", color=f"C{k}", ms=3,
                 label=f"{model}: {born['existing'][-1]} of {len(born['born_at'])} concepts at the end")
-    ax.set_xlabel("epoch", fontsize=8)
-    ax.set_ylabel("concepts that exist", fontsize=8)
-    ax.set_title("when concepts are born: one dictionary across each run's checkpoints", fontsize=9)
-    ax.tick_params(labelsize=7)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    return figure_to_rgb(fig)
+    return _finished(fig, ax, y="concepts that exist",
+                     title="when concepts are born: one dictionary across each run's checkpoints")
