@@ -213,7 +213,7 @@ def training(page) -> None:
     slider = page.locator("#training-slider input[type=range]")
     slider.fill("0")
     slider.dispatch_event("pointerup")   # what Gradio's slider hears as the end of a drag (its `release`)
-    page.locator("#training-where").get_by_text("at step 0").first.wait_for(timeout=SLOW)
+    page.locator("#training-slider").get_by_text(": step 0").first.wait_for(timeout=SLOW)
     page.wait_for_function("before => document.querySelector('#map-a img').src !== before", arg=before,
                            timeout=SLOW)
     drawn(page, "#map-a", "#map-b", "#training-photo")

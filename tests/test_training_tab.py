@@ -38,8 +38,7 @@ def test_the_slider_moves_both_boxes_to_the_nearest_checkpoint_and_a_model_witho
 
     kept, at, words = page.training_point("resnet-cifar10", f"cvt-cifar10@{middle.step}")
     assert kept and at == pytest.approx(training.fraction_of(f"cvt-cifar10@{middle.step}"), abs=1e-3)
-    assert f"cvt-cifar10 at step {middle.step} (epoch" in words
-    assert "resnet-cifar10 keeps no checkpoints of its training: shown as trained" in words
+    assert f"cvt-cifar10: step {middle.step} (epoch" in words and "resnet-cifar10: no kept run" in words
     assert page.training_point("resnet-cifar10", "swin-cifar10") == (False, 1.0, "")
     assert page.training_point(*PAIR)[1] == 1.0   # the models as shipped: the end
 
@@ -93,14 +92,14 @@ def test_the_training_tab_draws_the_shipped_run_and_the_photo_at_every_checkpoin
 def test_a_person_drags_the_training_slider_to_the_start_and_opens_the_training_tab(bundled_app, width):
     from tests.test_app import open_tab
     with explained_page(bundled_app.url, PHOTO, width=width) as page_:
-        where = page_.locator("#training-where")
-        assert "cvt-cifar10 as shipped" in where.inner_text()
+        where = page_.locator("#training-slider")
+        assert "cvt-cifar10: as shipped" in where.inner_text()
         before = page_.locator("#label-b").inner_text()
         slider = page_.locator("#training-slider input[type=range]")
         slider.scroll_into_view_if_needed()
         slider.fill("0")
         slider.dispatch_event("pointerup")   # the end of a drag: Gradio's `release`
-        where.get_by_text("cvt-cifar10 at step 0").first.wait_for(timeout=120_000)
+        where.get_by_text("cvt-cifar10: step 0").first.wait_for(timeout=120_000)
         page_.wait_for_function("before => document.querySelector('#label-b').innerText !== before", arg=before,
                                 timeout=120_000)
         assert page_.locator("#tabs").count() == 1

@@ -291,16 +291,16 @@ def fraction_of(name: str) -> float | None:
 
 
 def where_words(name: str) -> str:
-    """Where in its training the model `name` is, in words: 'cvt-cifar10 at step 391 (epoch 1.0 of 12)'."""
+    """Where in its training the model `name` is, briefly: 'cvt-cifar10: step 391 (epoch 1 of 12)', 'cvt-cifar10: as
+    shipped', 'vit-cifar10: no kept run'."""
     kept = bundled_run(name)
     base = (name or "").strip().split("@")[0]
+    at = next((c for c in kept or [] if c.name == (name or "").strip()), None)
     if kept is None:
-        return f"{base} keeps no checkpoints of its training: shown as trained"
-    at = next((c for c in kept if c.name == name.strip()), None)
+        return f"{base}: no kept run"
     if at is None:
-        return (f"{base} as shipped (the slider moves through its kept run, steps {kept[0].step} to "
-                f"{kept[-1].step})")
-    return f"{base} at step {at.step} (epoch {at.epoch:.2g} of {kept[-1].epoch:.3g})"
+        return f"{base}: as shipped"
+    return f"{base}: step {at.step} (epoch {at.epoch:.2g} of {kept[-1].epoch:.3g})"
 
 
 def summary_words(result: dict) -> str:

@@ -161,13 +161,13 @@ def training_point(model_a, model_b) -> tuple[bool, float, str]:
     names = (model_a, model_b)
     kept = any(training.bundled_run(name) is not None for name in names)
     at = next((f for f in map(training.fraction_of, names) if f is not None), 1.0)
-    return kept, round(at, 3), "Training: " + "; ".join(map(training.where_words, names)) + "." if kept else ""
+    return kept, round(at, 3), "; ".join(map(training.where_words, names)) if kept else ""
 
 
-def training_controls(model_a, model_b) -> tuple:
-    """The training slider and its line, shown while a chosen model keeps its training run (`training_point`)."""
+def training_controls(model_a, model_b) -> gr.Slider:
+    """The training slider with its line, shown while a chosen model keeps its training run (`training_point`)."""
     kept, at, words = training_point(model_a, model_b)
-    return gr.Slider(value=at, visible=kept), gr.Markdown(words, visible=kept)
+    return gr.Slider(value=at, info=words, visible=kept)
 
 
 def move_training(model_a, model_b, fraction) -> tuple:
@@ -220,6 +220,10 @@ def build(vit: str, cvt: str, notice: str = "", at_hand: set[str] | None = None)
             with gr.Column(scale=2, min_width=240):
                 image = gr.Image(label="image (click it to pick a token)", type="filepath", height=230,
                                  sources=["upload", "clipboard", "webcam"], elem_id="input-image")
+                # under the photo, where the column beside the model boxes leaves room: the first screen still fits
+                kept, at, words = training_point(vit, cvt)
+                training_at = gr.Slider(0, 1, value=at, step=0.01, label="training (0: initialisation, 1: end)",
+                                        info=words, visible=kept, elem_id="training-slider")
             with gr.Column(scale=5, min_width=300):
                 with gr.Row():
                     model_a = gr.Dropdown(choices, value=vit, allow_custom_value=True, label="left model",
@@ -227,10 +231,6 @@ def build(vit: str, cvt: str, notice: str = "", at_hand: set[str] | None = None)
                     model_b = gr.Dropdown(choices, value=cvt, allow_custom_value=True, label="right model",
                                           info="the same: the two are compared", scale=2)
                     run = gr.Button("Explain", variant="primary", elem_id="explain", scale=1)
-                kept, at, words = training_point(vit, cvt)
-                training_at = gr.Slider(0, 1, value=at, step=0.01, label="training (both models: 0 = initialisation, "
-                                        "1 = end)", visible=kept, elem_id="training-slider")
-                training_where = gr.Markdown(words, visible=kept, elem_id="training-where")
                 prompts = gr.Textbox(DEFAULT_PROMPTS, label="what to look for, comma separated (CLIP models)",
                                      info=f"each becomes a prompt \"{PROMPT_TEMPLATE.format('...')}\"; the "
                                      "predictions are the zero-shot probabilities over them",
@@ -310,7 +310,7 @@ def build(vit: str, cvt: str, notice: str = "", at_hand: set[str] | None = None)
                                 api_name="explain_training", preprocess=False, **MODEL_EVENTS, **HIDDEN))
         for listen in (model_a.change, model_b.change):
             listen(prompt_box, inputs=[model_a, model_b], outputs=[prompts], **INSTANT, **HIDDEN)
-            listen(training_controls, inputs=[model_a, model_b], outputs=[training_at, training_where], **INSTANT,
+            listen(training_controls, inputs=[model_a, model_b], outputs=[training_at], **INSTANT,
                    **HIDDEN)
         gr.api(stats, api_name="stats", concurrency_limit=None)
     return demo

@@ -18,7 +18,8 @@ from .shared import HIDDEN, MODEL_EVENTS, Page, as_files, session
 
 INTRO = ("**How they learned.** Each bundled model's training run kept its checkpoints (from the initialisation, "
          "step 0, to the end); `vitviz training` measured each over the same CIFAR-10 test images. Drag the "
-         "**training** slider under the model boxes to see every tab at that point of training.")
+         "**training** slider under the photo to see every tab at that point of training; its end is the end of a "
+         "re-run of the shipped model's recipe, not the shipped model itself (docs: Watching them learn).")
 
 
 def base_name(name: str) -> str:
