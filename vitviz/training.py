@@ -99,22 +99,21 @@ def _rounded(values: Sequence[float | None]) -> list[float | None]:
 
 def measure(loaded, images: list, labels: torch.Tensor, *, cut: list[list[int]], final: list[dict]) -> dict:
     """One checkpoint's views over `images` in the batches `cut` (see the module docstring); `final`: the run's
-    last checkpoint's block features per batch, for CKA."""
+    last checkpoint's block features per batch, for CKA. The counts and distances are summed on the model's device
+    and read back once, at the end."""
     model = loaded.model
-    correct, lens_correct, distance, attends, fields, cka = 0, None, None, True, ReceptiveFieldSum(), LayerCKA()
+    correct, lens_correct, distance, attends, fields, cka = 0, 0, 0, True, ReceptiveFieldSum(), LayerCKA()
     for batch, final_features in zip(cut, final):
         pixels = torch.cat([loaded.preprocess(images[i]) for i in batch])
         truth = labels[batch].to(pixels.device)
         with torch.inference_mode():
             trace = model.trace(pixels)
-            correct += (trace.logits.argmax(-1) == truth).sum().item()
+            correct = correct + (trace.logits.argmax(-1) == truth).sum()
             layers = lens_layers(trace)
-            hits = (logit_lens(model, trace).argmax(-1) == truth[:, None]).sum(dim=0).cpu()   # L
-            lens_correct = hits if lens_correct is None else lens_correct + hits
+            lens_correct = lens_correct + (logit_lens(model, trace).argmax(-1) == truth[:, None]).sum(dim=0)   # L
             attends = trace.blocks[-1].attends
             if attends:
-                per_block = torch.stack([d.mean(dim=1).sum() for d in mean_attention_distance(trace)]).cpu()
-                distance = per_block if distance is None else distance + per_block
+                distance = distance + torch.stack([d.mean(dim=1).sum() for d in mean_attention_distance(trace)])
             cka.add(block_features(trace), final_features)
         fields.add(receptive_field(model, pixels), len(pixels))
     n, names = len(images), block_names(trace)
@@ -122,7 +121,7 @@ def measure(loaded, images: list, labels: torch.Tensor, *, cut: list[list[int]],
     for i, hits in zip(layers, lens_correct.tolist()):
         lens[i] = hits / n
     field, similarity = fields.result(), cka.result()
-    return {"accuracy": round(correct / n, 4),
+    return {"accuracy": round(correct.item() / n, 4),
             "attention_distance": _rounded((distance / n).tolist() if attends else [None] * len(names)),
             "receptive_field": _rounded(field.r50.tolist()),
             "cka_to_final": _rounded(np.diag(similarity.a_vs_b).tolist()),
