@@ -25,4 +25,5 @@ OUT=checkpoints/concepts/cvt-cifar10-training
 python -m vitviz concepts train --models $(for step in $KEEP; do printf 'cvt-cifar10@%s ' "$step"; done) --block -1 \
   --data "$DATA" --limit 5000 --kind topk --k 16 --expansion 2 --epochs 20 --warmup 40 --out "$OUT"
 python -m vitviz concepts evaluate "$OUT" --data "$DATA" --split test --limit 1000
-python -m vitviz concepts exemplars "$OUT" --data "$DATA" --split test --limit 500 --top 5 --jpeg-quality 60
+python -m vitviz concepts exemplars "$OUT" --data "$DATA" --split test --limit 500 --top 5 --jpeg-quality 60 \
+  --thumbnails checkpoints/concepts/thumbnails-cifar10.safetensors

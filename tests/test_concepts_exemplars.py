@@ -146,13 +146,17 @@ def random_dictionary(seed: int, d: int = 8, n: int = 6) -> TopK:
     return dictionary.eval()
 
 
-@pytest.fixture
-def built():
+def built_index():
     """(exemplars, dictionary, data): a random dictionary's index over the synthetic pictures' random tokens."""
     data, dictionary = synthetic_data(), random_dictionary(0)
     tokens = torch.randn(12, 4, 8, generator=torch.Generator().manual_seed(1))
     batches = [(images, dictionary.encode(tokens[images])) for images in torch.arange(12).split(5)]
     return build_exemplars(dictionary, batches, data, grid=(2, 2), top=3, model="synthetic"), dictionary, data
+
+
+@pytest.fixture
+def built():
+    return built_index()
 
 
 def psnr(a: Image.Image, b: Image.Image) -> float:

@@ -8,6 +8,7 @@
 set -euo pipefail
 DATA=${DATA:-cifar10}
 OUT=${OUT:-checkpoints/concepts}
+THUMBNAILS="$OUT/thumbnails-cifar10.safetensors"   # one store of the thumbnails every bundled index shares
 train() { python -m vitviz concepts train --data "$DATA" --kind topk --k 16 --expansion 4 --steps 600 --warmup 60 "$@"; }
 train --models vit-cifar10 --block 1 3 5 --tokens patch+cls --limit 20000 --out "$OUT/vit-cifar10-depths"
 train --models cvt-cifar10 --block 1 3 5 --tokens patch patch+cls patch+cls --limit 20000 --out "$OUT/cvt-cifar10-depths"
@@ -15,7 +16,8 @@ train --models swin-cifar10 --block 0 2 6 --limit 20000 --out "$OUT/swin-cifar10
 train --models resnet-cifar10 --block 1 3 4 --limit 5000 --out "$OUT/resnet-cifar10-depths"
 for model in vit cvt swin resnet; do
   for folder in "$OUT/$model-cifar10-depths"/block*; do
-    python -m vitviz concepts exemplars "$folder" --data "$DATA" --split test --limit 1000 --top 5 --jpeg-quality 60
+    python -m vitviz concepts exemplars "$folder" --data "$DATA" --split test --limit 1000 --top 5 \
+      --jpeg-quality 60 --thumbnails "$THUMBNAILS"
     python -m vitviz concepts evaluate "$folder" --data "$DATA" --split test --limit 2000
   done
 done
@@ -25,5 +27,5 @@ done
 python -m vitviz concepts train --data "$DATA" --kind topk --k 16 --expansion 4 --epochs 10 --warmup 60 --limit 20000 \
   --models vit-cifar10 cvt-cifar10 --block 5 7 --out "$OUT/across-vit-cvt-cifar10"
 python -m vitviz concepts exemplars "$OUT/across-vit-cvt-cifar10" --data "$DATA" --split test --limit 1000 --top 5 \
-  --jpeg-quality 60
+  --jpeg-quality 60 --thumbnails "$THUMBNAILS"
 python -m vitviz concepts evaluate "$OUT/across-vit-cvt-cifar10" --data "$DATA" --split test --limit 2000

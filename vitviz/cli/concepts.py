@@ -73,6 +73,8 @@ def cmd_concepts_exemplars(args) -> int:
         raise UsageError(f"--limit must be at least 1, not {args.limit}")
     if not 1 <= args.jpeg_quality <= 95:
         raise UsageError(f"--jpeg-quality must be from 1 to 95, not {args.jpeg_quality}")
+    if args.thumbnails is not None and not args.thumbnails.endswith(".safetensors"):
+        raise UsageError(f"--thumbnails is a store's .safetensors file, not {args.thumbnails}")
     data = open_data(args.data, split=args.split)
     try:
         dictionary = load(args.dictionary)
@@ -84,7 +86,7 @@ def cmd_concepts_exemplars(args) -> int:
         with process_ranks(args.device) as ranks:
             loaded = [hub.load(name, device=ranks.device) for name in names]
             files = exemplar_indexes(loaded, dictionary, data, folder=folder, root=args.cache, top=args.top,
-                                     quality=args.jpeg_quality,
+                                     quality=args.jpeg_quality, thumbnails=args.thumbnails,
                                      indices=spread(len(data), args.limit), ranks=ranks)
     except ConceptsError as e:
         raise UsageError(str(e)) from None
@@ -242,6 +244,9 @@ def add_parser(sub) -> None:
     x.add_argument("--limit", type=int, default=None, help="at most this many images, spread evenly over the data")
     x.add_argument("--top", type=int, default=8, help="images kept per concept (default 8)")
     x.add_argument("--jpeg-quality", type=int, default=90, help="the thumbnails' JPEG quality, 1 to 95 (default 90)")
+    x.add_argument("--thumbnails", default=None, metavar="STORE",
+                   help="keep the thumbnails in this store (a .safetensors file, made if there is none) that indexes "
+                        "over the same data share, each image once, instead of in the index")
     x.add_argument("--cache", default=str(DEFAULT_CACHE), help="the activation cache's folder")
     x.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     x.set_defaults(run=cmd_concepts_exemplars)

@@ -180,10 +180,11 @@ def schedule_of(rows: int, *, epochs: int | None, steps: int | None, warmup: int
 
 def exemplar_indexes(loaded: Sequence, dictionary, data: Dataset, *, folder: str | Path, root: str | Path,
                      indices: Sequence[int] | None, top: int, quality: int, ranks: Ranks | None = None,
-                     progress: bool = True) -> list[Path]:
+                     thumbnails: str | Path | None = None, progress: bool = True) -> list[Path]:
     """The exemplar index of a dictionary (one model) or of each model of a dictionary across models (on the
-    cells they share), over the images `indices` of `data`, written into the dictionary's `folder`; -> the files.
-    The layers are read through the cache like training's (its blocks and tokens from the dictionary)."""
+    cells they share), over the images `indices` of `data`, written into the dictionary's `folder` (their
+    thumbnails into the store `thumbnails` where it is given); -> the files. The layers are read through the
+    cache like training's (its blocks and tokens from the dictionary)."""
     from .analysis.exemplars import exemplars_of, file_name, save_exemplars
     from .kinds.across import Across
 
@@ -203,7 +204,8 @@ def exemplar_indexes(loaded: Sequence, dictionary, data: Dataset, *, folder: str
         exemplars = exemplars_of(own_dictionary, layers.cached[position], data, top=top, quality=quality,
                                  alignment=layers.alignment, model_index=position if across else None)
         if ranks is None or ranks.leader:
-            written.append(save_exemplars(exemplars, Path(folder) / file_name(position if across else None, model)))
+            written.append(save_exemplars(exemplars, Path(folder) / file_name(position if across else None, model),
+                                          thumbnails=thumbnails))
     return written
 
 

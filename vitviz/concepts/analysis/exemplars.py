@@ -40,13 +40,17 @@ The file, `exemplars.safetensors` beside the dictionary's (`FILE`), one safetens
 
 The thumbnails are the data set's own images (`Dataset.image`), reduced to at most `thumbnail` pixels on the
 longer side (64; CIFAR-10's 32 x 32 kept at their size) and stored as JPEG, so the index shows its exemplars
-without the data set, and `ids` finds the full images in it. Written through a temporary file renamed into place;
-a file damaged or inconsistent, or built for another dictionary, is refused in words.
+without the data set, and `ids` finds the full images in it. Indexes over one data set may leave their JPEGs to a
+store they share (`thumbnails.py`): then thumbnail_offsets and thumbnail_jpeg are not in the file, and its header
+says where the store is and the SHA-256 of what it takes from it ("thumbnails": {"file", "sha256"}). Written
+through a temporary file renamed into place; a file damaged or inconsistent, or built for another dictionary, is
+refused in words.
 """
 from __future__ import annotations
 
 import io
 import json
+import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +71,7 @@ from ..activations.cache import Cached
 from ..files import folder_of
 from ..files.own import checked_format, checksum, header_json
 from ..kinds.dictionary import ConceptsError, Dictionary, Origin
+from . import thumbnails as store
 
 FORMAT, VERSION = "vitviz-exemplars", 1
 FILE = "exemplars.safetensors"    # the file's name in a dictionary's folder
@@ -301,6 +306,7 @@ def _thumbnails(data: Dataset, indices: list[int], *, size: int, quality: int) -
 
 TENSORS = ("images", "values", "maps", "frequency", "labels", "thumbnail_images", "thumbnail_offsets",
            "thumbnail_jpeg")
+SHARED = ("thumbnail_offsets", "thumbnail_jpeg")   # what a thumbnail store holds in an index's place
 
 
 def file_name(position: int | None = None, model: str | None = None) -> str:
@@ -309,9 +315,10 @@ def file_name(position: int | None = None, model: str | None = None) -> str:
     return FILE if position is None else f"exemplars-{position}-{safe_name(model)}.safetensors"
 
 
-def save_exemplars(exemplars: Exemplars, path: str | Path) -> Path:
+def save_exemplars(exemplars: Exemplars, path: str | Path, *, thumbnails: str | Path | None = None) -> Path:
     """`exemplars` written to `path` (a .safetensors file, or a dictionary's folder to hold exemplars.safetensors),
-    atomically; -> the file written."""
+    atomically; with `thumbnails`, a thumbnail store's file (`thumbnails.py`; made if there is none), its JPEGs
+    merged into the store and left out of the index. -> the file written."""
     path = Path(path)
     path = path if path.suffix == ".safetensors" else path / FILE
     tensors = {name: getattr(exemplars, name).contiguous() for name in TENSORS}
@@ -319,8 +326,14 @@ def save_exemplars(exemplars: Exemplars, path: str | Path) -> Path:
               "grid": list(exemplars.grid), "tokens": exemplars.tokens, "data": exemplars.data,
               "ids": list(exemplars.ids), "classes": list(exemplars.classes) if exemplars.classes else None,
               "thumbnail_size": exemplars.thumbnail_size, "model": exemplars.model,
-              "origin": exemplars.origin.to_dict(), "dictionary_sha256": exemplars.dictionary_sha256,
-              "sha256": checksum(tensors)}
+              "origin": exemplars.origin.to_dict(), "dictionary_sha256": exemplars.dictionary_sha256}
+    if thumbnails is not None:
+        store.merge(thumbnails, exemplars.thumbnail_images, exemplars.thumbnail_offsets, exemplars.thumbnail_jpeg,
+                    data=exemplars.data, size=exemplars.thumbnail_size, ids=exemplars.ids)
+        shared = {name: tensors.pop(name) for name in SHARED}
+        where = Path(os.path.relpath(Path(thumbnails).resolve(), path.parent.resolve())).as_posix()
+        header["thumbnails"] = {"file": where, "sha256": checksum(shared)}
+    header["sha256"] = checksum(tensors)
     write_atomic(path, save_tensors(tensors, {HEADER_KEY: json.dumps(header)}))
     return path
 
@@ -339,6 +352,8 @@ def load_exemplars(path: str | Path, *, dictionary: Dictionary | None = None) ->
     if header.get("sha256") != checksum(tensors):
         raise ConceptsError(f"{path} is damaged: its tensors are not the ones it was written with (their SHA-256 "
                             f"differs from the one in its header); build the exemplar index again.")
+    if "thumbnails" in header:
+        tensors.update(store.taken_by(path, header, tensors["thumbnail_images"]))
     try:
         exemplars = Exemplars(**{name: tensors[name] for name in TENSORS}, tokens=int(header["tokens"]),
                               data=str(header["data"]), ids=tuple(str(i) for i in header["ids"]),
