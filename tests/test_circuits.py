@@ -541,6 +541,81 @@ def test_an_edge_is_the_derivative_of_its_targets_score_along_the_source(family)
             assert float(concept_edges[row, concept]) == pytest.approx(slope, rel=3e-2, abs=1e-3), (row, concept)
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_integrated_gradients_edges_add_up_to_each_nodes_integrated_gradients_effect(family):
+    """With the downstream gradients of each step of the upstream site's path, Σ_d IE_ig(u → d) + IE_ig(u → not
+    read) = IE_ig(u) within 1e-4, for every upstream node, and the edges are not attribution patching's."""
+    loaded, pixels, sites = tiny_sites(tiny(family), blocks=[0, -1], patches_only=True)
+    metric = Metric(2)
+    _, states = attribution(loaded, pixels, sites, metric)
+    n = sites[1].dictionary.n_concepts
+    atp_edges = edges_between(loaded, pixels, (sites[0], states[0]), (sites[1], states[1]), [*range(n), None],
+                              unread=True)[0]
+    integrated_gradients(loaded, pixels, sites, states, metric, steps=8)
+    assert states[0].path is not None and states[1].path is None   # the last site has no next one
+    concept_edges, error_edges = edges_between(loaded, pixels, (sites[0], states[0]), (sites[1], states[1]),
+                                               [*range(n), None], unread=True)
+    scale = max(float(states[0].effects.abs().max()), float(states[0].error_effect.abs()), 1e-3)
+    torch.testing.assert_close(concept_edges.sum(0), states[0].effects, rtol=0, atol=1e-4 * scale)
+    torch.testing.assert_close(error_edges.sum(), states[0].error_effect, rtol=0, atol=1e-4 * scale)
+    assert float((concept_edges - atp_edges).abs().max()) > 1e-3 * scale
+
+
+@pytest.mark.parametrize("family", ["vit", "cvt"])
+def test_an_integrated_gradients_edge_is_the_mean_over_the_path_of_each_steps_derivative(family):
+    """IE_ig(u → d) = (1/N) Σ_k d/dh S_d^k(site at step α_k, u moved by h (u - u₀)) at h = 0, S_d^k the target's
+    score with step k's downstream gradient: by central differences, a step at a time, on nonlinear tiny models."""
+    loaded, pixels, sites = tiny_sites(tiny(family), blocks=[0, -1])
+    metric = Metric(2)
+    _, states = attribution(loaded, pixels, sites, metric)
+    integrated_gradients(loaded, pixels, sites, states, metric, steps=4)
+    (up, up_state), (down, down_state) = zip(sites, states)
+    path = up_state.path
+    target = int(down_state.effects.abs().argmax())
+    concept_edges, _ = edges_between(loaded, pixels, (up, up_state), (down, down_state), [target])
+    moved = up_state.codes - up_state.codes_baseline
+
+    def score(concept: int, step: int, h: float) -> tuple[float, Tensor]:
+        def edit(index, tokens):
+            if index == up.block:
+                alpha = float(path.alphas[step])
+                codes = up_state.codes_baseline + alpha * moved
+                codes[..., concept] += h * moved[..., concept]
+                error = up_state.error_baseline + alpha * (up_state.error - up_state.error_baseline)
+                return splice(up, tokens, codes, error, up.rows(tokens))
+            if index == down.block:
+                codes = down.dictionary.encode(down.rows(tokens))
+                raise Scored(float((codes[..., target] * path.code_gradient[step, :, target]).sum()), codes != 0)
+            return tokens
+
+        with torch.inference_mode():
+            try:
+                loaded.model.trace(pixels, attention=False, edit=edit)
+            except Scored as reached:
+                return reached.value, reached.active
+        raise AssertionError("the forward never reached the downstream site")
+
+    for concept in torch.argsort(concept_edges[0].abs(), descending=True)[:2].tolist():
+        slopes = []
+        for step in range(len(path.alphas)):
+            for h in (1e-3, 1e-4):   # shrunk until the downstream TopK's active set holds on both sides
+                (ahead, active_ahead), (behind, active_behind) = (score(concept, step, d) for d in (h, -h))
+                if torch.equal(active_ahead, active_behind):
+                    break
+            assert torch.equal(active_ahead, active_behind), (concept, step)
+            slopes.append((ahead - behind) / (2 * h))
+        assert float(concept_edges[0, concept]) == pytest.approx(np.mean(slopes), rel=3e-2, abs=1e-3), concept
+
+
+def test_integrated_gradients_with_attention_held_fixed_are_refused_in_words(vit_setup):
+    loaded, sites, pixels, metric = vit_setup
+    _, states = attribution(loaded, pixels, sites, metric)
+    with pytest.raises(ConceptsError, match="add up to no model's change"):
+        integrated_gradients(loaded, pixels, sites, states, metric, frozen=True)
+    with pytest.raises(ConceptsError, match="attention held fixed are not offered"):
+        circuit(loaded, pixels, sites, metric, method="ig", frozen=True)
+
+
 class Scored(Exception):
     """Carries a downstream score out of a forward that need go no further."""
 

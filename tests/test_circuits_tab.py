@@ -175,8 +175,9 @@ def test_a_click_on_a_tile_picks_its_node_and_a_click_beside_the_nodes_picks_non
     (dict(faithful=0.05), "from 0.1 to 1.0, not 0.05"),
     (dict(method="lrp"), "The method is atp"),
     (dict(scope="video"), "the class over the test set"),
+    (dict(method="ig", frozen=True), "attention held fixed are not offered"),
 ], ids=["a class neither model has", "the contrast is the class", "a faithfulness below 0.1", "an unknown method",
-        "an unknown scope"])
+        "an unknown scope", "integrated gradients with attention held fixed"])
 def test_a_bad_choice_is_refused_in_words_before_any_model_runs(shown_pair, monkeypatch, choices, words):
     key, _ = shown_pair
     monkeypatch.setattr(gpu, "read_circuits", lambda *a, **k: pytest.fail("a model ran"))

@@ -111,8 +111,9 @@ def circuit(loaded, pixels: Tensor, sites: Sequence[Site], metric: Metric, *, ba
                             "patterns and norm scales are this photo's constants, while F and its ablations run the "
                             "real model, so a node's effect need not match what taking it out does.")
     if method == "ig":
-        result.notes.append("The node effects are integrated gradients'; the edges are attribution patching's "
-                            "(gradients at the photo), so a node's edges add up to its attribution-patching effect.")
+        result.notes.append("The node effects and the edges are integrated gradients': an edge is averaged along its "
+                            "source's path, each step with the downstream gradients of that step, so a node's edges "
+                            "add up to its effect.")
     if baseline == "mean":
         result.notes += [f"The mean baseline at {block_words(site.block)} was taken over square photos and is "
                          f"resampled to this photo's {site.grid[0]} x {site.grid[1]} grid." for site, state in

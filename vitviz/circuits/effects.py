@@ -20,7 +20,9 @@ codes and error moved together along z₀ + α (z - z₀), ε₀ + α (ε - ε�
     IE_ig(z_c) = (1/N) Σ_k Σ_t ∂m/∂z_{t,c} |_(α_k) (z - z₀)_{t,c}        (and the same for ε)
 
 and a site's node effects then add up to m(x) - m(x with every node of that site at its baseline): the
-completeness of integrated gradients, which the tests check.
+completeness of integrated gradients, which the tests check. It holds for the model's own gradients only: with
+attention held fixed, each point of the path would hold its own patterns, and the effects would add up to no
+model's change, so that pair is refused.
 
 Edges. From an upstream node u at site i to a downstream node d at the next site j:
 
@@ -38,6 +40,14 @@ unmodelled. Its score is S_unread = Σ g_j ⊙ (X_j - W R X_j) with g_j = ∂m/�
 vector-Jacobian product. Because ∂m/∂z = g_rows · ∂decode/∂z, the scores of every downstream concept and the error
 add up to g_rows · rows (the encoder's part cancels), so a node's edges into every downstream node plus its edge
 into what is not read add up to g_j · ∂X_j/∂u · Δu: its attribution-patching effect (the tests check it).
+
+Integrated gradients' edges. Along the upstream site's path (`Path`: what its integrated-gradients pass saw at the
+next site), each step α_k has its own downstream gradients ∇_d m |_(α_k), and
+
+    IE_ig(u → d) = (1/N) Σ_k ∇_d m |_(α_k) · ∂d/∂u |_(α_k) · Δu
+
+one copy a target and a step. At each step the decomposition above holds, so a node's edges into every downstream
+node plus past the site add up to (1/N) Σ_k ∂m/∂u |_(α_k) · Δu: its integrated-gradients effect.
 
 Attention held fixed or not. With `frozen`, every attention pattern and every LayerNorm's scale are constants of
 this photo's pass (`models.relevance.frozen_attention`, `frozen_norm_scales`), circuit-tracer's convention: the
@@ -61,6 +71,9 @@ from .sites import Site
 BASELINES = ("zero", "mean")
 METHODS = ("atp", "ig")   # attribution patching, integrated gradients
 IG_STEPS = 10             # Marks et al.'s
+FROZEN_IG = ("Integrated gradients with attention held fixed are not offered: each point of the path would hold "
+             "its own attention patterns, so the effects would add up to no model's change. Use attribution "
+             "patching to hold attention fixed, or integrated gradients with the model's own attention.")
 
 
 METRICS = ("logit", "logit minus mean", "contrast")
@@ -113,6 +126,16 @@ def gradients(frozen: bool) -> Iterator[None]:
 
 
 @dataclass
+class Path:
+    """What a site's integrated-gradients pass saw at the next site: at each step α_k of its path, ∂m at the next
+    block's tokens, and from it at the next site's rows and codes (the downstream gradients of its edges)."""
+    alphas: Tensor            # N
+    token_gradient: Tensor    # N T d
+    row_gradient: Tensor      # N rows d
+    code_gradient: Tensor     # N rows n
+
+
+@dataclass
 class SiteState:
     """One site on the photo: its rows, codes and error (1 rows ·), the gradient of m at its rows and codes, the
     baseline, and each node's effect per row (`set_effects`) and summed over its rows."""
@@ -128,6 +151,7 @@ class SiteState:
     error_effects: Tensor | None = None     # rows: the error's
     effects: Tensor | None = None           # n: each concept node's effect (summed over its rows)
     error_effect: Tensor | None = None      # the error node's (0-d: on the device, read with the rest)
+    path: Path | None = None                # the next site along this site's integrated-gradients path
 
     def set_effects(self, concept_effects: Tensor, error_effects: Tensor) -> None:
         self.concept_effects, self.error_effects = concept_effects, error_effects
@@ -190,28 +214,48 @@ def attribution(loaded, pixels: Tensor, sites: Sequence[Site], metric: Metric, *
 def integrated_gradients(loaded, pixels: Tensor, sites: Sequence[Site], states: Sequence[SiteState],
                          metric: Metric, *, steps: int = IG_STEPS, frozen: bool = False) -> None:
     """Each site's node effects by integrated gradients (`steps` points on the straight path from the baseline),
-    written into `states` in place of attribution patching's: a site's are one forward of the photo to it, of one
-    copy a step from there on, and one backward."""
+    written into `states` in place of attribution patching's, with the next site's gradients along the path
+    (`SiteState.path`, for the edges): a site's are one forward of the photo to it, of one copy a step from there
+    on, and one backward."""
     if steps < 1:
         raise ConceptsError(f"Integrated gradients needs at least 1 step, not {steps}.")
+    if frozen:
+        raise ConceptsError(FROZEN_IG)
     alphas = (torch.arange(steps, dtype=torch.float32, device=pixels.device) + 0.5) / steps
-    for site, state in zip(sites, states):
+    for position, (site, state) in enumerate(zip(sites, states)):
         along = alphas[:, None, None].to(state.codes)
         codes = (state.codes_baseline + along * (state.codes - state.codes_baseline)).requires_grad_(True)
         error = (state.error_baseline + along * (state.error - state.error_baseline)).requires_grad_(True)
+        following = sites[position + 1] if position + 1 < len(sites) else None
+        ahead: list[Tensor] = []   # the next site's block tokens, a copy a step
 
-        def move(index: int, tokens: Tensor, site=site, codes=codes, error=error) -> Tensor:
-            if index != site.block:
-                return tokens
-            with torch.enable_grad():   # the photo up to the site, a copy a step from there
-                tokens = tokens.detach().expand(steps, *tokens.shape[1:])
-                return splice(site, tokens, codes, error, site.rows(tokens))
+        def move(index: int, tokens: Tensor, site=site, codes=codes, error=error, following=following,
+                 ahead=ahead) -> Tensor:
+            if index == site.block:
+                with torch.enable_grad():   # the photo up to the site, a copy a step from there
+                    tokens = tokens.detach().expand(steps, *tokens.shape[1:])
+                    return splice(site, tokens, codes, error, site.rows(tokens))
+            if following is not None and index == following.block:
+                ahead.append(tokens)
+            return tokens
 
-        with gradients(frozen):
-            m = metric(traced(loaded, pixels[:1], move, grad=True).logits)
-            code_grads, error_grads = torch.autograd.grad(m.sum(), [codes, error])
+        m = metric(traced(loaded, pixels[:1], move, grad=True).logits)
+        code_grads, error_grads, *token_grads = torch.autograd.grad(m.sum(), [codes, error, *ahead])
         state.set_effects((code_grads.mean(0) * (state.codes - state.codes_baseline)[0]).detach(),
                           (error_grads.mean(0) * (state.error - state.error_baseline)[0]).sum(-1).detach())
+        if following is not None:
+            state.path = _path(following, alphas, ahead[0].detach(), token_grads[0].detach())
+
+
+def _path(site: Site, alphas: Tensor, tokens: Tensor, token_gradient: Tensor) -> Path:
+    """The gradients at `site`'s rows and codes of each step's copy, from ∂m at its block's tokens."""
+    with torch.no_grad():
+        rows, codes, _ = read(site, tokens)
+        row_gradient = site.row_gradient(token_gradient)
+    leaf = codes.clone().requires_grad_(True)
+    with torch.enable_grad():
+        (code_gradient,) = torch.autograd.grad(site.dictionary.decode(leaf, rows), leaf, row_gradient)
+    return Path(alphas=alphas, token_gradient=token_gradient, row_gradient=row_gradient, code_gradient=code_gradient)
 
 
 class _Reached(Exception):
@@ -227,36 +271,52 @@ def edges_between(loaded, pixels: Tensor, upstream: tuple[Site, SiteState], down
                   ) -> tuple[Tensor, Tensor]:
     """The edges into each of `targets` (a downstream concept id, several standing as one node whose score is their
     sum, or None: the error node) and, with `unread`, into what the downstream site does not read (one more row,
-    the last), from every upstream node: (rows x n concept edges, rows error edges). The photo's forward up to the
-    upstream site, one copy of it a row from there to the downstream site (where it stops), and one backward."""
+    the last), from every upstream node: (rows x n concept edges, rows error edges). Attribution patching's, or
+    integrated gradients' where the upstream state holds its `path`. The photo's forward up to the upstream site,
+    one copy of it a row (and a step of the path) from there to the downstream site (where it stops), and one
+    backward."""
     (up, up_state), (down, down_state) = upstream, downstream
     if None in targets[:-1]:
         raise ValueError("the error node, where it is a target, is the last one")
+    along = up_state.path
+    steps = 1 if along is None else len(along.alphas)
     scored = len(targets)
     k = scored + unread
-    codes = up_state.codes.expand(k, *up_state.codes.shape[1:]).clone().requires_grad_(True)
-    error = up_state.error.expand(k, *up_state.error.shape[1:]).clone().requires_grad_(True)
+    # copy c is target c // steps at step c % steps: the upstream site there, with that step's downstream gradients
+    if along is None:
+        codes, error = up_state.codes.expand(k, -1, -1), up_state.error.expand(k, -1, -1)
+        code_gradient, row_gradient, token_gradient = (g.expand(k, -1, -1) for g in (
+            down_state.code_gradient, down_state.row_gradient, down_state.token_gradient))
+    else:
+        alphas = along.alphas.repeat(k)[:, None, None].to(up_state.codes)
+        codes = up_state.codes_baseline + alphas * (up_state.codes - up_state.codes_baseline)
+        error = up_state.error_baseline + alphas * (up_state.error - up_state.error_baseline)
+        code_gradient, row_gradient, token_gradient = (g.repeat(k, 1, 1) for g in (
+            along.code_gradient, along.row_gradient, along.token_gradient))
+    codes, error = codes.clone().requires_grad_(True), error.clone().requires_grad_(True)
     picks = torch.zeros(scored, down_state.codes.shape[-1], device=codes.device, dtype=codes.dtype)
     for row, target in enumerate(targets):
         if target is not None:
             picks[row, list(target) if isinstance(target, Sequence) else target] = 1
-    is_error = torch.tensor([c is None for c in targets], device=codes.device)
+    picks = picks.repeat_interleave(steps, 0)
+    last = slice((scored - 1) * steps, scored * steps)   # the last target's copies
 
     def edit(index: int, tokens: Tensor) -> Tensor:
         with torch.enable_grad():
-            if index == up.block:   # one photo up to here, then one copy a target
-                tokens = tokens.detach().expand(k, *tokens.shape[1:])
+            if index == up.block:   # one photo up to here, then one copy a target and a step
+                tokens = tokens.detach().expand(k * steps, *tokens.shape[1:])
                 return splice(up, tokens, codes, error, up.rows(tokens))
             if index == down.block:
-                rows = down.rows(tokens[:scored])
+                rows = down.rows(tokens[:scored * steps])
                 down_codes = down.dictionary.encode(rows)
-                picked = ((down_codes * down_state.code_gradient).sum(1) * picks).sum(1)
-                # the error node's score from its own copy alone (the last target): one decode, not one a copy
-                missed = rows[-1:] - down.dictionary.decode(down_codes[-1:], rows[-1:])
-                scores = torch.where(is_error, (missed * down_state.row_gradient).sum(), picked)
+                scores = ((down_codes * code_gradient[:scored * steps]).sum(1) * picks).sum(1)
+                if targets[-1] is None:   # the error node's score from its own copies alone: their decodes only
+                    missed = rows[last] - down.dictionary.decode(down_codes[last], rows[last])
+                    scores = torch.cat([scores[:last.start], (missed * row_gradient[last]).sum((1, 2))])
                 if unread:   # the tokens less what the rows write back: X - W R X
-                    passed = tokens[-1:] - down.put(torch.zeros_like(tokens[-1:]), down.rows(tokens[-1:]))
-                    scores = torch.cat([scores, (passed * down_state.token_gradient).sum()[None]])
+                    rest = tokens[scored * steps:]
+                    passed = rest - down.put(torch.zeros_like(rest), down.rows(rest))
+                    scores = torch.cat([scores, (passed * token_gradient[scored * steps:]).sum((1, 2))])
                 raise _Reached(scores)
         return tokens
 
@@ -268,9 +328,9 @@ def edges_between(loaded, pixels: Tensor, upstream: tuple[Site, SiteState], down
         else:   # pragma: no cover - the downstream site is always a block of the trace
             raise AssertionError("the forward never reached the downstream site")
         code_grads, error_grads = torch.autograd.grad(scores.sum(), [codes, error])
-    concept_edges = (code_grads * (up_state.codes - up_state.codes_baseline)).sum(1)
-    error_edges = (error_grads * (up_state.error - up_state.error_baseline)).sum((1, 2))
-    return concept_edges.detach(), error_edges.detach()
+    concept_edges = (code_grads * (up_state.codes - up_state.codes_baseline)).unflatten(0, (k, steps)).mean(1).sum(1)
+    error_edges = (error_grads * (up_state.error - up_state.error_baseline)).unflatten(0, (k, steps)).mean(1)
+    return concept_edges.detach(), error_edges.sum((1, 2)).detach()
 
 
 def ablated(loaded, pixels: Tensor, sites: Sequence[Site], keep: Sequence[Tensor], *, baseline: str,

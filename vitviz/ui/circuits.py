@@ -20,6 +20,7 @@ import gradio as gr
 import numpy as np
 
 from ..circuits import FAITHFUL
+from ..circuits.effects import FROZEN_IG
 from ..render.circuits import ERROR_CMAP, circuit_faithfulness, circuit_graph, graph_layout, node_at
 from ..render.concepts import cell_overlay, concept_card, exemplar_layout, photo_side
 from ..session import ModelRun
@@ -82,6 +83,8 @@ def asked_for(runs_: list[ModelRun], target, contrast, baseline, method, frozen,
         raise gr.Error(f"The baseline is zero or mean, not {baseline!r}.")
     if method not in dict((v, k) for k, v in METHODS):
         raise gr.Error(f"The method is atp (attribution patching) or ig (integrated gradients), not {method!r}.")
+    if method == "ig" and frozen:
+        raise gr.Error(FROZEN_IG)
     if faithful is None or not FAITHFUL_RANGE[0] <= float(faithful) <= FAITHFUL_RANGE[1]:
         raise gr.Error(f"The faithfulness a circuit must reach is from {FAITHFUL_RANGE[0]} to {FAITHFUL_RANGE[1]}, "
                        f"not {faithful}.")
