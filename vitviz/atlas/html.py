@@ -51,7 +51,7 @@ def page(*, title: str, root: str, body: str, heading: str | None = None) -> str
 <body data-root="{text(root)}">
 <header class="top">
 <a class="home" href="{root}index.html">{TITLE}</a>
-<form class="search" role="search" onsubmit="return false">
+<form class="search" role="search">
 <input id="search" type="search" placeholder="Find a concept: 613, cat, shared…"
  aria-label="Find a concept by number, name or class" autocomplete="off">
 <ol id="found" class="found" aria-live="polite"></ol>

@@ -99,8 +99,9 @@ def _pictures(facts: Facts, concept: int, root: str) -> str:
         f'<figure><img class="picture" src="{root}{picture_path(facts.slug, name, concept)}" width="128" '
         f'height="128" alt="the picture exciting concept {concept} {text(_set_words(name))}">'
         f'<figcaption>{text(_set_words(name))}</figcaption></figure>' for name in sets)
+    where = ", in every model at once and in each alone" if facts.across else ""
     return (f'<h2>What it looks like</h2><div class="row">{figures}</div><p class="note">Feature pictures (MACO): '
-            f'the image that excites the concept most, in every model at once and in each alone.</p>')
+            f'the image that excites the concept most{where}.</p>')
 
 
 def _set_words(name: str) -> str:

@@ -50,6 +50,7 @@
     }
   }
 
+  input.form.addEventListener("submit", function (event) { event.preventDefault(); });
   input.addEventListener("input", show);
   input.addEventListener("keydown", function (event) {
     if (event.key === "Escape") { input.value = ""; show(); }
