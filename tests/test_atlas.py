@@ -338,6 +338,26 @@ def test_in_chromium_search_finds_a_concept_by_a_class_word_and_its_images_load(
         browser.close()
 
 
+@pytest.mark.slow
+def test_the_app_serves_a_built_atlas_under_atlas_and_stays_itself_at_its_root(site, tmp_path):
+    import urllib.request
+
+    from tests.app_server import launch
+    from vitviz.catalog import BUNDLED_PAIR
+
+    root, _, _, _ = site
+    server = launch(tmp_path, "--vit", BUNDLED_PAIR[0], "--cvt", BUNDLED_PAIR[1], env={"VITVIZ_ATLAS": str(root)})
+    try:
+        for path, file in (("atlas/", "index.html"), ("atlas/tiny/concepts/2.html", "tiny/concepts/2.html"),
+                           ("atlas/atlas.css", "atlas.css")):
+            with urllib.request.urlopen(server.url + path, timeout=10) as response:
+                assert response.status == 200 and response.read() == (root / file).read_bytes()
+        with urllib.request.urlopen(server.url, timeout=10) as response:
+            assert b"gradio" in response.read().lower()   # the app itself, still at its root
+    finally:
+        server.stop()
+
+
 def test_thumbnails_on_the_pages_are_jpegs(site):
     root, _, _, _ = site
     files = sorted((root / "images").rglob("*.jpg"))

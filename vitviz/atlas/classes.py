@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .effects import silence
 from .facts import Facts
 from .html import page, signed, text
 from .pages import Context, class_path, concept_path, picture_path, picture_sets
@@ -50,6 +51,9 @@ def columns(facts: Facts, name: str, context: Context) -> list[Column | str]:
         if effects is None or name not in effects.classes or not effects.images[effects.classes.index(name)]:
             out.append(f"{model}: no class circuit at this dictionary's block, and no effects measured on images of "
                        f"{name} (build with --data on labelled images that hold the class).")
+            continue
+        if effects.silent:
+            out.append(silence([model]))
             continue
         k = effects.classes.index(name)
         ranked = sorted(((c, effects.mean[k][c], effects.half[k][c]) for c in range(facts.n_concepts)),
@@ -99,8 +103,9 @@ def _agreement(facts: Facts, shown: list[Column], root: str) -> str:
     sets = {column.model: {c for c, _, _ in column.builders} for column in shown}
     every = set.intersection(*sets.values())
     link = lambda c: f'<a href="{root}{concept_path(facts.slug, c)}">{text(facts.title(c))}</a>'
-    lines = [f"Every model builds it with: {', '.join(link(c) for c in sorted(every))}." if every else
-             f"No concept is among the {SHOWN} strongest builders of every model."]
+    models = "every model" if len(sets) == len(facts.models) else "each of " + ", ".join(map(text, sets))
+    lines = [f"{models[0].upper() + models[1:]} builds it with: {', '.join(link(c) for c in sorted(every))}."
+             if every else f"No concept is among the {SHOWN} strongest builders of {models}."]
     for model, mine in sets.items():
         alone = sorted(mine - set().union(*(s for m, s in sets.items() if m != model)))
         if alone:
@@ -112,12 +117,13 @@ def _column(facts: Facts, column: Column, root: str) -> str:
     def item(concept: int, effect: float, half: float | None) -> str:
         sets = picture_sets(facts, concept)   # the model's own picture, else the shared one
         shown = [column.model] if column.model in sets else sets[:1]
-        picture = "".join(f'<img src="{root}{picture_path(facts.slug, name, concept)}" width="48" height="48" '
-                          f'alt="">' for name in shown)
+        href = f"{root}{concept_path(facts.slug, concept)}"
+        picture = "".join(f'<a href="{href}" tabindex="-1"><img src="{root}{picture_path(facts.slug, name, concept)}"'
+                          f' width="48" height="48" alt=""></a>' for name in shown)
         kind = "up" if effect - (half or 0) > 0 else "down" if effect + (half or 0) < 0 else "zero"
-        return (f'<li><a href="{root}{concept_path(facts.slug, concept)}">{picture}<span>'
-                f'{text(facts.title(concept))}</span></a><span class="effect {kind}" data-concept="{concept}" '
-                f'data-effect="{effect!r}">{text(signed(effect, half))}</span></li>')
+        return (f'<li>{picture}<div><a href="{href}">{text(facts.title(concept))}</a><br><span class="effect '
+                f'{kind}" data-concept="{concept}" data-effect="{effect!r}">{text(signed(effect, half))}</span>'
+                f'</div></li>')
     builders = "".join(item(*e) for e in column.builders) or "<li>none above 0</li>"
     against = "".join(item(*e) for e in column.against) or "<li>none below 0</li>"
     return (f'<section class="column" data-model="{text(column.model)}"><h2>{text(column.model)}</h2>'

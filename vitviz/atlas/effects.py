@@ -50,6 +50,12 @@ class ClassEffects:
     mean: list[list[float]]
     half: list[list[float]]
 
+    @property
+    def silent(self) -> bool:
+        """Whether every effect is exactly 0: what the dictionary reads of the block does not reach the logit (the
+        patch cells of a model that classifies from its class token, after its last block)."""
+        return not any(v for row in self.mean + self.half for v in row)
+
     def of(self, concept: int) -> list[tuple[str, int, float, float]]:
         """(class, images, mean, half width) of `concept` for every class with images."""
         return [(name, count, self.mean[k][concept], self.half[k][concept])
@@ -134,3 +140,10 @@ def save(folder: Path, effects: list[ClassEffects], inputs: dict) -> Path:
 def _rounded(values: np.ndarray) -> list[list[float]]:
     return [[float(f"{v:.{DIGITS}g}") if math.isfinite(v) else 0.0 for v in row] for row in values.tolist()]
 
+
+
+def silence(models: Sequence[str]) -> str:
+    """The sentence for models whose every effect is 0."""
+    return (f"Every concept's effect on every class is 0 in {', '.join(models)}: what this dictionary reads of "
+            f"the block does not reach the logit (after the last block, a model that classifies from its class "
+            f"token reads nothing of the patch cells).")

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..files import safe_name
-from .effects import ClassEffects
+from .effects import ClassEffects, silence
 from .facts import Facts
 from .html import map_png, page, percent, signed, table, text
 
@@ -169,15 +169,17 @@ def _partners(facts: Facts, concept: int, context: Context, root: str) -> str:
 
 
 def _class_effects(facts: Facts, concept: int, context: Context, root: str) -> str:
-    measured = context.effects.get(facts.slug)
+    silent = [e.model for e in context.effects.get(facts.slug, ()) if e.silent]
+    measured = [e for e in context.effects.get(facts.slug, ()) if not e.silent]
+    note = f'<p class="note">{text(silence(silent))}</p>' if silent else ""
     if not measured:
-        return ""
+        return f"<h2>Its effect on each class</h2>{note}" if note else ""
     by_model = {e.model: {name: (mean, half) for name, _, mean, half in e.of(concept)} for e in measured}
     classes = [name for name in context.classes or () if any(name in m for m in by_model.values())]
     rows = [[context.class_link(facts, name, root=root)]
             + [_effect_cell(*by_model[m][name]) if name in by_model[m] else "" for m in by_model] for name in classes]
     images = sum(measured[0].images)
-    return ("<h2>Its effect on each class</h2>"
+    return ("<h2>Its effect on each class</h2>" + note
             + table(["class", *(text(m) for m in by_model)], rows, numbers=set(range(1, len(by_model) + 1)),
                     caption=f"The concept's effect on the class's logit minus the mean logit (attribution "
                             f"patching), averaged over the class's images among {images}, ± the half width of a "

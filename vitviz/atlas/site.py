@@ -17,7 +17,8 @@ The folder:
 
 Building again adds what is missing: the pictures and images already there are kept, the effects are read back
 when they were measured on the same weights and images, and a dictionary's pages are written again only when
-what they are made of changed (`inputs`, a digest kept in `<dictionary>/.atlas-inputs`) or they are missing.
+what they are made of (`inputs`: the files read, and the code that writes them; a digest kept in
+`<dictionary>/.atlas-inputs`) changed, or they are missing.
 """
 from __future__ import annotations
 
@@ -54,7 +55,6 @@ from .pages import (
     thumbnail_path,
 )
 
-VERSION = 1                      # of the pages' layout: a new one rewrites every page
 STATIC = Path(__file__).with_name("static")
 INPUTS = ".atlas-inputs"
 README = """---
@@ -172,7 +172,7 @@ def _effects(facts: Facts, data: Dataset, limit: int | None, out: Path, summary:
 def inputs(facts: Facts, context: Context) -> str:
     """A digest of everything a dictionary's pages are made of: a change rewrites them."""
     record = {
-        "version": VERSION, "dictionary": facts.sha256, "source": facts.source,
+        "code": _code(), "dictionary": facts.sha256, "source": facts.source,
         "indexes": {m: [i.dictionary_sha256, i.data, i.tokens, i.images.tolist(), list(i.ids)]
                     for m, i in facts.indexes.items()},
         "pictures": None if facts.pictures is None else [facts.pictures.dictionary_sha256, facts.pictures.settings,
@@ -182,6 +182,15 @@ def inputs(facts: Facts, context: Context) -> str:
         "classes": context.classes, "effects": [vars(e) for e in context.effects.get(facts.slug, ())],
         "slugs": sorted(map(list, context.slugs.items()), key=str), "app": context.app}
     return hashlib.sha256(json.dumps(record, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _code() -> str:
+    """A digest of the code that writes the pages (this package's modules and static files): pages written by
+    another version are written again."""
+    digest = hashlib.sha256()
+    for path in sorted([*Path(__file__).parent.glob("*.py"), *STATIC.iterdir()]):
+        digest.update(path.name.encode() + path.read_bytes())
+    return digest.hexdigest()
 
 
 def _write_dictionary(facts: Facts, context: Context, out: Path, summary: Summary, bar) -> None:
