@@ -256,6 +256,21 @@ def test_a_dictionary_that_cannot_be_read_is_refused_in_words(tmp_path):
         build_atlas([str(tmp_path / "nothing")], out=tmp_path / "site", progress=False)
 
 
+def test_the_command_builds_the_site_and_says_what_is_missing_in_words(tmp_path, capsys):
+    from vitviz.cli import main
+
+    folder = tmp_path / "bare"
+    tiny_dictionary(folder, index=False)
+    assert main(["atlas", "--dictionaries", str(folder), "--out", str(tmp_path / "site")]) == 0
+    out, err = capsys.readouterr()
+    assert f"{N} concept pages and 0 class pages" in out
+    assert "note: " in err and "concepts exemplars" in err and "No data set given" in err
+    assert (tmp_path / "site" / "bare" / "concepts" / f"{N - 1}.html").is_file()
+    assert main(["atlas", "--dictionaries", str(folder), "--circuits", str(tmp_path / "none"),
+                 "--out", str(tmp_path / "site")]) == 2
+    assert "--circuits" in capsys.readouterr().err
+
+
 # ---- the effects measured, against autograd through spliced codes --------------------------------------------
 
 def spliced_effects(loaded, dictionary, image, target: int) -> np.ndarray:

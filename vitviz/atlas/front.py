@@ -12,6 +12,13 @@ from .facts import Facts
 from .html import page, percent, table, text
 from .pages import Context, class_path, concept_path
 
+METRICS = (   # a dictionary of one model's metrics.json: key, words, how its value is shown
+    ("fvu", "FVU (the variance left unexplained)", lambda v: f"{v:.3f}"),
+    ("l0", "L0 (concepts firing per token)", lambda v: f"{v:.1f}"),
+    ("dead", "dead concepts", percent),
+    ("dense", "dense concepts (firing on over 1 % of tokens)", percent),
+)
+
 
 def search_entries(all_facts: list[Facts], context: Context) -> list[list]:
     """The search index's entries (module docstring)."""
@@ -44,17 +51,17 @@ def _dictionary(facts: Facts, context: Context) -> str:
              f"<p>{facts.n_concepts} concepts, "
              f"{'one dictionary across ' if facts.across else 'of '}{text(', '.join(facts.models))}"
              + (f", block {facts.block + 1} (index {facts.block})" if facts.block is not None and not facts.across
-                else "") + ".</p>"]
+                else "") + f'. <a href="{facts.slug}/index.html">All its concepts</a>.</p>']
     parts.append(_metrics(facts))
     parts += [f'<p class="missing">{text(p)}</p>' for p in facts.problems]
     if context.classes:
         links = " · ".join(f'<a href="{class_path(facts.slug, k, name)}">{text(name)}</a>'
                            for k, name in enumerate(context.classes))
         parts.append(f"<p>Classes: {links}</p>")
-    first = [f'<a href="{concept_path(facts.slug, c)}">{text(facts.title(c))}</a>'
-             for c in facts.metrics.get("shared_concepts", [])[:12]]
-    if first:
-        parts.append(f"<p>Shared by every model: {', '.join(first)}.</p>")
+    shared = facts.metrics.get("shared_concepts", [])
+    if shared:
+        links = ", ".join(f'<a href="{concept_path(facts.slug, c)}">{text(facts.title(c))}</a>' for c in shared)
+        parts.append(f"<p>The {len(shared)} concepts shared by every model: {links}.</p>")
     return "".join(parts) + "</section>"
 
 
@@ -72,7 +79,5 @@ def _metrics(facts: Facts) -> str:
         return table(["model", "R² (its own tokens)", "dead", "its own concepts"], rows, numbers={1, 2, 3},
                      caption=f"{shared} concepts shared by every model (firing share ≥ {m.get('shared_from', '?')} "
                              f"in each); over {m.get('tokens', '?')} held-out tokens.")
-    rows = [[text(key), f"{m[key]:.3f}" if isinstance(m[key], float) else text(m[key])]
-            for key in ("fvu", "explained_variance", "l0", "dead", "dense") if key in m]
-    return table(["metric", "value"], rows, numbers={1}, caption="On held-out tokens (FVU: the share of the "
-                                                                 "variance left unexplained).")
+    rows = [[words, shown(m[key])] for key, words, shown in METRICS if isinstance(m.get(key), (int, float))]
+    return table(["metric", "value"], rows, numbers={1}, caption=f"On {m.get('tokens', '?')} held-out tokens.")

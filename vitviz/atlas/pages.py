@@ -76,7 +76,8 @@ def concept_page(facts: Facts, concept: int, context: Context) -> str:
     name = facts.name(concept)
     parts = [f'<p class="lead">Concept {concept} of <a href="{root}{facts.slug}/index.html">{text(facts.source)}'
              f'</a> ({facts.n_concepts} concepts, {text(", ".join(facts.models))})'
-             + (f': <strong>{text(facts.kind_of(concept))}</strong>' if facts.kind_of(concept) else "") + '.</p>']
+             + (f': <strong>{text(facts.kind_of(concept))}</strong>' if facts.kind_of(concept) else "") + '.'
+             + _birth(facts, concept) + '</p>']
     parts.append(_pictures(facts, concept, root))
     parts.append(_frequencies(facts, concept))
     parts.append(_top_images(facts, concept, root))
@@ -89,6 +90,17 @@ def concept_page(facts: Facts, concept: int, context: Context) -> str:
                  f'<a href="{text(context.app)}">open the app</a> (the Concepts tab finds it on a photo)</p>')
     return page(title=f"{name.title} · {facts.source}", root=root, heading=name.title,
                 body="\n".join(p for p in parts if p))
+
+
+def _birth(facts: Facts, concept: int) -> str:
+    """Of a dictionary across a training run's checkpoints, when the concept was born (`concepts.analysis.birth`,
+    in its metrics.json)."""
+    born = facts.metrics.get("births", {}).get("born_at")
+    if not born or concept >= len(born):
+        return ""
+    return (" Not in the trained model." if born[concept] is None else
+            f" Born at step {born[concept]} of the training run (from then on it carries at least half its final "
+            f"share of the block's variance).")
 
 
 def _pictures(facts: Facts, concept: int, root: str) -> str:
