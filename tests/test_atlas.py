@@ -271,6 +271,17 @@ def test_the_command_builds_the_site_and_says_what_is_missing_in_words(tmp_path,
     assert "--circuits" in capsys.readouterr().err
 
 
+def test_the_apps_concept_table_links_a_concept_to_its_page_in_the_atlas_it_serves(site, monkeypatch):
+    from vitviz.ui.concepts import concept_cell
+
+    root, folder, _, _ = site
+    monkeypatch.setenv("VITVIZ_ATLAS", str(root))
+    assert concept_cell(str(folder), 2) == "[2](/atlas/tiny/concepts/2.html)"
+    assert concept_cell(str(folder), N) == str(N)   # no page of that number
+    monkeypatch.setenv("VITVIZ_ATLAS", str(root.parent / "no-atlas-here"))
+    assert concept_cell(str(folder), 2) == "2"
+
+
 # ---- the effects measured, against autograd through spliced codes --------------------------------------------
 
 def spliced_effects(loaded, dictionary, image, target: int) -> np.ndarray:

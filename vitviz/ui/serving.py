@@ -63,11 +63,27 @@ def fewer_malloc_arenas(arenas: int = 2) -> None:
 ATLAS_PATH = "/atlas"   # where the app serves the concept atlas
 
 
-def atlas_routes(folder: str | Path = catalog.ATLAS) -> dict:
+def atlas_folder() -> Path:
+    """Where the app finds the concept atlas it serves: the folder VITVIZ_ATLAS names, else checkpoints/atlas."""
+    return Path(os.environ.get("VITVIZ_ATLAS") or catalog.ATLAS)
+
+
+def atlas_page(source: str, concept: int) -> str | None:
+    """The address under which the app serves concept `concept` of the dictionary `source`'s page, where the
+    atlas it serves has one; None otherwise."""
+    from ..atlas.facts import slug_of
+    from ..atlas.pages import concept_path
+
+    relative = concept_path(slug_of(source), concept)
+    return f"{ATLAS_PATH}/{relative}" if (atlas_folder() / relative).is_file() else None
+
+
+def atlas_routes(folder: str | Path | None = None) -> dict:
     """The keyword arguments of the app's FastAPI server (`launch(app_kwargs=...)`) that serve the concept atlas
-    built in `folder` under /atlas (its front page at /atlas/), or none where no atlas is built there. Given when
-    the server is made, the route comes before Gradio's own."""
-    if not (Path(folder) / "index.html").is_file():
+    built in `folder` (`atlas_folder()` by default) under /atlas (its front page at /atlas/), or none where no
+    atlas is built there. Given when the server is made, the route comes before Gradio's own."""
+    folder = atlas_folder() if folder is None else Path(folder)
+    if not (folder / "index.html").is_file():
         return {}
     from starlette.routing import Mount
     from starlette.staticfiles import StaticFiles
