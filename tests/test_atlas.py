@@ -271,6 +271,20 @@ def test_the_command_builds_the_site_and_says_what_is_missing_in_words(tmp_path,
     assert "--circuits" in capsys.readouterr().err
 
 
+def test_the_search_finds_by_shared_exactly_the_concepts_every_model_shares():
+    from vitviz import catalog
+    from vitviz.atlas.facts import gather
+    from vitviz.atlas.front import search_entries
+    from vitviz.atlas.pages import Context
+
+    metrics = json.loads((catalog.BUNDLED_DICTIONARIES["across-cifar10"].path / "metrics.json").read_text())
+    entries = search_entries([gather("across-cifar10", circuits=[], matches=[])], Context(classes=None))
+    assert len(entries) == 768
+    assert [c for _, c, _, words, _ in entries if "shared" in words.split()] == metrics["shared_concepts"]
+    own = [c for _, c, _, words, _ in entries if "own resnet-cifar10" in words]
+    assert own == metrics["specific_concepts"]["resnet-cifar10"]
+
+
 def test_the_apps_concept_table_links_a_concept_to_its_page_in_the_atlas_it_serves(site, monkeypatch):
     from vitviz.ui.concepts import concept_cell
 

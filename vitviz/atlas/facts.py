@@ -106,6 +106,13 @@ class Facts:
                 return f"{model}'s own"
         return "neither shared by all nor one model's own" if "shared_concepts" in self.metrics else None
 
+    def kind_words(self, concept: int) -> str:
+        """What the search finds the concept's kind by: 'shared', 'own MODEL', or nothing."""
+        if concept in set(self.metrics.get("shared_concepts", ())):
+            return "shared"
+        return next((f"own {model}" for model, own in self.metrics.get("specific_concepts", {}).items()
+                     if concept in set(own)), "")
+
     def circuit_nodes(self, concept: int) -> list[CircuitNode]:
         return [node for node in self.circuits if node.concept == concept]
 

@@ -25,7 +25,7 @@ def search_entries(all_facts: list[Facts], context: Context) -> list[list]:
     entries = []
     for facts in all_facts:
         for c in range(facts.n_concepts):
-            words = [facts.name(c).words, facts.kind_of(c) or "", " ".join(facts.models), facts.source]
+            words = [facts.name(c).words, facts.kind_words(c), " ".join(facts.models), facts.source]
             words += [name.words for name in (facts.names[m][c] for m in facts.names)]
             entries.append([facts.slug, c, facts.title(c), " ".join(w for w in words if w).lower(),
                             concept_path(facts.slug, c)])
