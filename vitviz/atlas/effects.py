@@ -92,17 +92,15 @@ def _one_model(loaded, source: str, dictionary, data: Dataset, indices: Sequence
     n = dictionary.n_concepts
     sums, squares = np.zeros((len(classes), n)), np.zeros((len(classes), n))
     counts = np.zeros(len(classes), dtype=np.int64)
-    built: dict[tuple[int, int], list] = {}
-
-    def sites_for(trace, image):   # a model's site depends on the image's size alone
-        size = (image.height, image.width)
-        if size not in built:
-            built[size] = sites_of(loaded, trace, [(source, dictionary)], image_size=size)
-        return built[size]
+    built: dict[tuple[int, int], list] = {}   # a model's site depends on the image's size alone
     mine = [i for i in indices if data.classes[data.labels[i]] in row]
     for i in tqdm(mine, desc=f"{loaded.name}: effects on the classes", unit="image", disable=not progress):
-        name = data.classes[data.labels[i]]
-        pixels, _, sites = image_sites(loaded, data.image(i), sites_for)
+        name, image = data.classes[data.labels[i]], data.image(i)
+        size = (image.height, image.width)
+        if size not in built:   # placed from a trace of the first image of each size: one forward, not one an image
+            built[size] = image_sites(loaded, image, lambda trace, image: sites_of(
+                loaded, trace, [(source, dictionary)], image_size=(image.height, image.width)))[2]
+        pixels, sites = loaded.preprocess(image).to(loaded.device), built[size]
         _, states = attribution(loaded, pixels, sites, Metric(positions[name], centred=True))
         effects = states[0].effects.double().cpu().numpy()
         k = row[name]
