@@ -86,8 +86,9 @@ def concept_page(facts: Facts, concept: int, context: Context) -> str:
     parts.append(_circuits(facts, concept, context, root))
     neighbours = [f'<a href="{root}{concept_path(facts.slug, c)}">{label}</a>'
                   for c, label in ((concept - 1, "← previous"), (concept + 1, "next →")) if 0 <= c < facts.n_concepts]
-    parts.append(f'<p class="links">{" · ".join(neighbours)} · <a href="{concept}.json">this concept as JSON</a> · '
-                 f'<a href="{text(context.app)}">open the app</a> (the Concepts tab finds it on a photo)</p>')
+    parts.append(f'<p class="links">{" · ".join(neighbours)} · <a href="{concept}.json">this concept as JSON</a>'
+                 f'<span class="app"> · <a href="{text(context.app)}">open the app</a> (the Concepts tab finds it on a '
+                 f'photo)</span></p>')
     return page(title=f"{name.title} · {facts.source}", root=root, heading=name.title,
                 body="\n".join(p for p in parts if p))
 

@@ -8,6 +8,13 @@
   var found = document.getElementById("found");
   var entries = window.ATLAS_SEARCH || [];
   var root = document.body.getAttribute("data-root") || "";
+  // the app's link leads to the app serving this site; opened from the folder itself there is none to go to
+  if (window.location.protocol === "file:") {
+    document.querySelectorAll("span.app").forEach(function (span) {
+      var link = span.querySelector("a");
+      if (link && !/^[a-z]+:/i.test(link.getAttribute("href"))) { span.parentNode.removeChild(span); }
+    });
+  }
   if (!input || !found) { return; }
 
   function matches(entry, terms) {
