@@ -24,6 +24,7 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -50,7 +51,7 @@ class ClassEffects:
     mean: list[list[float]]
     half: list[list[float]]
 
-    @property
+    @cached_property
     def silent(self) -> bool:
         """Whether every effect is exactly 0: what the dictionary reads of the block does not reach the logit (the
         patch cells of a model that classifies from its class token, after its last block)."""

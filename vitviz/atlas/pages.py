@@ -14,6 +14,8 @@ import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from ..files import safe_name
 from .effects import ClassEffects, silence
 from .facts import Facts
@@ -157,13 +159,14 @@ def _top_images(facts: Facts, concept: int, root: str) -> str:
 def _exemplars(index, concept: int) -> list[tuple[int, object, float, str, str | None]]:
     """(data set index, map, value, id, class) of the concept's top images in `index`, without thumbnails."""
     out = []
-    where = {int(image): k for k, image in enumerate(index.thumbnail_images.tolist())}
-    for image, value, values in zip(index.images[concept].tolist(), index.values[concept].tolist(),
-                                    index.maps[concept].float().numpy()):
+    images = index.images[concept]
+    rows = torch.searchsorted(index.thumbnail_images, images.clamp(min=0)).tolist()   # each image's thumbnail
+    for image, row, value, values in zip(images.tolist(), rows, index.values[concept].tolist(),
+                                         index.maps[concept].float().numpy()):
         if image < 0:
             continue
-        label = int(index.labels[where[image]])
-        out.append((image, values, value, index.ids[where[image]],
+        label = int(index.labels[row])
+        out.append((image, values, value, index.ids[row],
                     index.classes[label] if index.classes and label >= 0 else None))
     return out
 
@@ -243,7 +246,7 @@ def dictionary_page(facts: Facts) -> str:
         shown = picture_sets(facts, c)[:1]   # the shared one, or the model's own
         picture = "".join(f'<img src="{root}{picture_path(facts.slug, name, c)}" width="64" height="64" alt="" '
                           f'loading="lazy">' for name in shown)
-        kind = facts.kind_of(c)
+        kind = facts.kind_of(c) if facts.kind_words(c) else None   # shared, or one model's own: marked
         items.append(f'<li><a href="concepts/{c}.html">{picture}<span>{text(facts.title(c))}</span>'
                      + (f'<small>{text(kind)}</small>' if kind else "") + "</a></li>")
     problems = "".join(f'<p class="missing">{text(p)}</p>' for p in facts.problems)

@@ -27,7 +27,7 @@ import json
 import shutil
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tqdm import tqdm
@@ -179,7 +179,7 @@ def inputs(facts: Facts, context: Context) -> str:
                                                          list(facts.pictures.sets)],
         "metrics": facts.metrics, "partners": {c: [vars(p) for p in ps] for c, ps in facts.partners.items()},
         "circuits": [vars(n) for n in facts.circuits], "problems": facts.problems,
-        "classes": context.classes, "effects": [vars(e) for e in context.effects.get(facts.slug, ())],
+        "classes": context.classes, "effects": [asdict(e) for e in context.effects.get(facts.slug, ())],
         "slugs": sorted(map(list, context.slugs.items()), key=str), "app": context.app}
     return hashlib.sha256(json.dumps(record, sort_keys=True, default=str).encode()).hexdigest()
 
