@@ -137,7 +137,8 @@ def _top_images(facts: Facts, concept: int, root: str) -> str:
     for model in facts.models:
         index = facts.indexes.get(model)
         if index is None:
-            parts.append(f'<p class="missing">{text(next(p for p in facts.problems if model in p))}</p>')
+            problem = next((p for p in facts.problems if model in p), f"No top images of {model}.")
+            parts.append(f'<p class="missing">{text(problem)}</p>')
             continue
         exemplars = [e for e in _exemplars(index, concept)]
         if not exemplars:

@@ -41,7 +41,7 @@ from . import effects as measured
 from .classes import class_page
 from .facts import Facts, gather, match_folders
 from .front import front_page, search_entries
-from .html import SEARCH, script_json
+from .html import SEARCH, script_json, text
 from .pages import (
     APP,
     Context,
@@ -132,12 +132,12 @@ def build_atlas(dictionaries: Sequence[str], *, out: str | Path, data: Dataset |
     with tqdm(total=pages, desc="atlas pages", unit="page", disable=not progress) as bar:
         for facts in all_facts:
             _write_dictionary(facts, context, out, summary, bar)
-    summary.notes = [n for f in all_facts for n in (f"{f.source}: {p}" for p in f.problems)] + summary.notes
-    write_atomic(out / "index.html", front_page(all_facts, context, summary.notes).encode())
+    write_atomic(out / "index.html", front_page(all_facts, context, summary.notes).encode())   # each dictionary's
+    summary.notes = [f"{f.source}: {p}" for f in all_facts for p in f.problems] + summary.notes  # problems in its part
     entries = search_entries(all_facts, context)
     write_atomic(out / SEARCH, f"window.ATLAS_SEARCH = {script_json(entries)};\n".encode())
     write_atomic(out / "search.json", json.dumps(entries, ensure_ascii=False).encode())
-    write_atomic(out / "README.md", README.format(dictionaries=", ".join(f.source for f in all_facts)).encode())
+    write_atomic(out / "README.md", README.format(dictionaries=text(", ".join(f.source for f in all_facts))).encode())
     summary.concepts = sum(f.n_concepts for f in all_facts)
     summary.classes = len(classes or ()) * len(all_facts)
     summary.seconds = time.perf_counter() - start
