@@ -39,6 +39,7 @@ def columns(facts: Facts, name: str, context: Context) -> list[Column | str]:
     """Per model of the dictionary, its column for class `name`, or a sentence saying why it has none."""
     measured = {e.model: e for e in context.effects.get(facts.slug, ())}
     out: list[Column | str] = []
+    silent: list[str] = []   # models none of whose concepts reach the logit: one sentence for them all
     for model in facts.models:
         nodes = [n for n in facts.circuits if n.model == model and n.label == name]
         if nodes:
@@ -53,7 +54,7 @@ def columns(facts: Facts, name: str, context: Context) -> list[Column | str]:
                        f"{name} (build with --data on labelled images that hold the class).")
             continue
         if effects.silent:
-            out.append(silence([model]))
+            silent.append(model)
             continue
         k = effects.classes.index(name)
         ranked = sorted(((c, effects.mean[k][c], effects.half[k][c]) for c in range(facts.n_concepts)),
@@ -61,7 +62,7 @@ def columns(facts: Facts, name: str, context: Context) -> list[Column | str]:
         out.append(Column(model, f"node effects measured over its {effects.images[k]} images here, ± a 95 % "
                                  f"interval", [e for e in ranked if e[1] > 0][:SHOWN],
                           [e for e in ranked[::-1] if e[1] < 0][:AGAINST]))
-    return out
+    return out + ([silence(silent)] if silent else [])
 
 
 def class_page(facts: Facts, position: int, name: str, context: Context) -> str:
@@ -103,8 +104,11 @@ def _agreement(facts: Facts, shown: list[Column], root: str) -> str:
     sets = {column.model: {c for c, _, _ in column.builders} for column in shown}
     every = set.intersection(*sets.values())
     link = lambda c: f'<a href="{root}{concept_path(facts.slug, c)}">{text(facts.title(c))}</a>'
-    models = "every model" if len(sets) == len(facts.models) else "each of " + ", ".join(map(text, sets))
-    lines = [f"{models[0].upper() + models[1:]} builds it with: {', '.join(link(c) for c in sorted(every))}."
+    names = [text(model) for model in sets]
+    models = ("every model" if len(sets) == len(facts.models) else
+              f"both {names[0]} and {names[1]}" if len(sets) == 2 else "each of " + ", ".join(names))
+    verb = "build" if models.startswith("both") else "builds"
+    lines = [f"{models[0].upper() + models[1:]} {verb} it with: {', '.join(link(c) for c in sorted(every))}."
              if every else f"No concept is among the {SHOWN} strongest builders of {models}."]
     for model, mine in sets.items():
         alone = sorted(mine - set().union(*(s for m, s in sets.items() if m != model)))
