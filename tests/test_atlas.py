@@ -373,8 +373,12 @@ def test_in_chromium_search_finds_a_concept_by_a_class_word_and_its_images_load(
         images = page.locator("img")
         assert images.count() >= 2
         sizes = page.evaluate("() => Array.from(document.images).map(i => [i.complete, i.naturalWidth])")
-        assert all(complete and width_ > 0 for complete, width_ in sizes), sizes
+        assert all(complete and w > 0 for complete, w in sizes), sizes
         page.screenshot(path=str(SCREENSHOTS / f"atlas-concept-{width}.png"), full_page=True)
+        page.goto((root / "tiny" / "classes" / "0-red.html").as_uri())
+        sizes = page.evaluate("() => Array.from(document.images).map(i => [i.complete, i.naturalWidth])")
+        assert len(sizes) == len(CIRCUIT_NODES) and all(complete and w > 0 for complete, w in sizes), sizes
+        page.screenshot(path=str(SCREENSHOTS / f"atlas-class-{width}.png"), full_page=True)
         browser.close()
 
 
