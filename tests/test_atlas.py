@@ -201,6 +201,35 @@ def test_a_class_pages_signed_effects_equal_the_class_circuits_numbers(site):
     assert "no class circuit" in blue   # no circuit, and the synthetic model cannot be run: said, not broken
 
 
+def test_measured_effects_show_on_the_class_and_concept_pages_as_measured(site, tmp_path, monkeypatch):
+    from vitviz.atlas import site as building
+    from vitviz.atlas.effects import ClassEffects
+
+    _, folder, _, _ = site
+    rng = np.random.default_rng(2)
+    mean = rng.normal(size=(len(CLASSES), N)).round(4).tolist()
+    half = rng.uniform(0.01, 0.1, size=(len(CLASSES), N)).round(4).tolist()
+    made = ClassEffects(model="synthetic", classes=list(CLASSES), images=[4, 4, 4], mean=mean, half=half)
+    asked = []
+    monkeypatch.setattr(building.measured, "class_effects",
+                        lambda *args, **kwargs: asked.append(kwargs["indices"]) or [made])
+    out = tmp_path / "site"
+    build_atlas([str(folder)], out=out, data=synthetic_data(), circuits=[], limit=6, progress=False)
+    assert asked == [[0, 2, 4, 7, 9, 11]]   # 6 images spread over the 12
+    k = CLASSES.index("blue")
+    assert any(m > 0 for m in mean[k]) and any(m < 0 for m in mean[k])   # builders and concepts against
+    page = parsed(out / "tiny" / "classes" / f"{k}-blue.html")
+    shown = [(int(a["data-concept"]), float(a["data-effect"])) for _, a in page.attributes if "data-effect" in a]
+    builders = sorted(((c, m) for c, m in enumerate(mean[k]) if m > 0), key=lambda e: -e[1])
+    against = sorted(((c, m) for c, m in enumerate(mean[k]) if m < 0), key=lambda e: e[1])[:3]
+    assert shown == builders + against
+    assert "95 % interval" in "".join(page.text) and f"± {half[k][shown[0][0]]:.2g}" in "".join(page.text)
+    concept = parsed(out / "tiny" / "concepts" / "1.html")
+    assert [float(a["data-effect"]) for _, a in concept.attributes if "data-effect" in a] == [m[1] for m in mean]
+    again = build_atlas([str(folder)], out=out, data=synthetic_data(), circuits=[], limit=6, progress=False)
+    assert len(asked) == 1 and again.written == 0   # the effects read back, not measured again
+
+
 def test_each_concepts_json_holds_neuronpedias_fields_from_the_index(site):
     root, folder, _, _ = site
     index = load_exemplars(folder)
