@@ -70,7 +70,9 @@ def main(argv=None) -> None:
     serving.sweep_files(demo, age=serving.FILE_TTL)
     demo.queue(default_concurrency_limit=MODEL_GATE.slots, max_size=serving.QUEUE)
     # uploads above the image limit are videos' (read_image refuses an image above its own limit in words)
-    demo.launch(max_file_size=max(MAX_UPLOAD_BYTES, MAX_VIDEO_BYTES), show_error=True, css=STYLE)
+    # the concept atlas under /atlas where one is built (VITVIZ_ATLAS, else checkpoints/atlas: `vitviz atlas`)
+    demo.launch(max_file_size=max(MAX_UPLOAD_BYTES, MAX_VIDEO_BYTES), show_error=True, css=STYLE,
+                app_kwargs=serving.atlas_routes())
 
 
 if __name__ == "__main__":

@@ -20,7 +20,8 @@ receptive field against hooks and autograd on timm); issue 31: video (frames per
 the same frames' batched traced forwards alone); issue 41: concepts (caching activations against the traced
 forwards alone, training steps against Overcomplete's loop, the Concepts tab on top of an Explain); issue 50:
 looks (a feature picture's step against a traced forward and backward of its crops, one bundled concept's
-picture). Every time is
+picture); issue 58: atlas (the class effects against the traced forwards and backwards they need, the
+site of across-cifar10 over 500 images against 15 minutes). Every time is
 min / median / max over `--repeats` rounds after warm-up; in each round the contenders run once each,
 in rotating order, so a slow spell of the machine hits all of them. Ratios are of medians. Contenders are checked to
 compute the same logits before they are timed. Checkpoints are random weights in the real Hub layouts (timm's
@@ -48,6 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]   # vitviz and app.py; tests/' reference implementations
 
 from areas import (  # noqa: E402
+    atlas,
     attribution,
     circuits,
     clip,
@@ -77,7 +79,8 @@ AREAS = (   # (the items it measures, its module), in the order they run
     (("coldstart", "memory"), coldstart), (("peak",), peak), (("attribution",), attribution),
     (("evaluate",), evaluate), (("quantus",), quantus), (("explain",), explain), (("decide",), decide),
     (("compare",), compare), (("clip",), clip), (("swin",), swin), (("cnn",), cnn), (("video",), video),
-    (("concepts",), concepts), (("circuits",), circuits), (("looks",), looks), (("training",), training))
+    (("concepts",), concepts), (("circuits",), circuits), (("looks",), looks), (("training",), training),
+    (("atlas",), atlas))
 ITEMS = tuple(item for items, _ in AREAS for item in items)
 
 

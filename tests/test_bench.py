@@ -98,6 +98,7 @@ EXPECTED = {   # line start -> the rest of it; one line each
                   rf"forward \+ backward of the crops {TIMES}, {RATIO}$",
     "looks one concept": r": skipped \(needs the bundled pair and its bundled dictionary; not with --quick\)$",
     "training": r": skipped \(times the bundled run's checkpoints; not with --quick\)$",
+    "atlas": r": skipped \(needs the bundled models and their dictionary across models; not with --quick\)$",
 }
 
 

@@ -128,8 +128,8 @@ def test_the_wheel_holds_every_module_the_bundled_models_and_vitviz_version(whee
         metadata = archive.read(f"vitviz-{vitviz.__version__}.dist-info/METADATA").decode()
     modules = {str(p.relative_to(ROOT)) for p in (ROOT / "vitviz").rglob("*.py")}
     assert modules <= names, sorted(modules - names)
-    assert {"vitviz/render/colormaps.npz", "vitviz/concepts/analysis/words.txt", "vitviz/looks/natural.safetensors"} \
-        <= names
+    assert {"vitviz/render/colormaps.npz", "vitviz/concepts/analysis/words.txt", "vitviz/looks/natural.safetensors",
+            "vitviz/atlas/static/atlas.css", "vitviz/atlas/static/atlas.js"} <= names
     for dictionary in catalog.BUNDLED_DICTIONARIES.values():   # the depth dictionaries sit a folder deeper
         shipped = {str(p.relative_to(ROOT / "checkpoints")) for p in dictionary.path.iterdir()
                    if p.suffix in (".safetensors", ".json")}

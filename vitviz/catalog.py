@@ -229,6 +229,9 @@ CIRCUIT_DICTIONARIES: dict[str, tuple[str, ...]] = {
     for model in ("vit-cifar10", "cvt-cifar10", "swin-cifar10", "resnet-cifar10")}
 # the bundled pair's class circuits over CIFAR-10's test images (checkpoints/circuits/classes.sh)
 CLASS_CIRCUITS = CHECKPOINTS / "circuits"
+# the concept atlas of the bundled dictionaries, where it is built (`vitviz atlas --out checkpoints/atlas`; built,
+# not committed): the app serves it under /atlas
+ATLAS = CHECKPOINTS / "atlas"
 
 
 def model_name(source: str) -> str:

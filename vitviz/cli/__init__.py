@@ -1,6 +1,6 @@
 """vitviz's command line: the entry point (`main`, what `vitviz` and `python -m vitviz` run) and the parser,
 one module per command group (`explain`, `evaluate`, `compare`, `anatomy`, `video`, `models` with `train`, `training`,
-`concepts`, `looks`, `circuits`, `data`), each adding its own subcommands; what they share is `common.py`.
+`concepts`, `looks`, `circuits`, `atlas`, `data`), each adding its own subcommands; what they share is `common.py`.
 
     python -m vitviz explain PATH... --models vit-base cvt-13 --methods rollout grad-rollout chefer --out DIR
     python -m vitviz evaluate --models vit-cifar10 cvt-cifar10 --data DIR|FILE.npz|cifar10 --limit N --out DIR
@@ -13,6 +13,7 @@ one module per command group (`explain`, `evaluate`, `compare`, `anatomy`, `vide
     python -m vitviz concepts train --models vit-cifar10 --block -1 --data FILE.npz --kind topk --k 32 --out DIR
     python -m vitviz looks --concepts vit-cifar10-last --ids 394 17 --out DIR
     python -m vitviz circuits PHOTO --models vit-cifar10 cvt-cifar10 --out DIR
+    python -m vitviz atlas --dictionaries across-cifar10 --data cifar10 --limit 500 --out DIR
     python -m vitviz data cifar10 [--out FILE.npz]
 """
 from __future__ import annotations
@@ -22,11 +23,11 @@ import sys
 
 from .. import hub
 from ..data import DataError
-from . import anatomy, circuits, compare, concepts, data, evaluate, explain, looks, models, training, video
+from . import anatomy, atlas, circuits, compare, concepts, data, evaluate, explain, looks, models, training, video
 from .common import UsageError
 
 # in the order --help lists them
-GROUPS = (explain, evaluate, compare, anatomy, video, models, training, concepts, looks, circuits, data)
+GROUPS = (explain, evaluate, compare, anatomy, video, models, training, concepts, looks, circuits, atlas, data)
 
 
 def parser() -> argparse.ArgumentParser:

@@ -24,7 +24,7 @@ from .. import catalog
 from ..concepts.build import METRICS
 from ..render.concepts import cell_overlay, concept_card, exemplar_layout, exemplar_tile, photo_side
 from ..session import ModelRun
-from . import gpu, pictures
+from . import gpu, pictures, serving
 from .shared import HIDDEN, INSTANT, MODEL_EVENTS, WHOLE, Page, as_files, run_point, runs, session
 
 TITLE = "Concepts"
@@ -109,13 +109,19 @@ def moved(removal: gpu.Removal, concept: int) -> str:
     return words + (f" ({top} on top)" if top != removal.target else "")
 
 
+def concept_cell(source: str, concept: int) -> str:
+    """A concept's number, linking to its page in the concept atlas the app serves, where it has one."""
+    page = serving.atlas_page(source, concept)
+    return f"[{concept}]({page})" if page else str(concept)
+
+
 def table_rows(found: gpu.Concepts, side: int) -> tuple[list[str], list[list[str]]]:
     """A column's table, one row per card in gallery order: (the heads, the rows). How strongly its concept fires on
     the photo, on how much of it and of the data set, at the class token, in the other model, and what removing it
     does; a part the column lacks (no exemplar index, no class token, no removal) has no column."""
     column = found.columns[side]
     at_class = dict(column.class_top or ())
-    parts = [("concept", lambda k, c: str(c))]
+    parts = [("concept", lambda k, c: concept_cell(column.source, c))]
     if any(name.words for name in column.names):
         parts.append(("name", lambda k, c: column.names[k].words))
     parts += [("code", lambda k, c: f"{column.activation[k]:.2f}"), ("photo", lambda k, c: percent(column.on_photo[k]))]

@@ -1,5 +1,5 @@
 """Keeping a long-running server healthy: its queue's bound, the files it hands out swept once old, and a
-flat memory footprint."""
+flat memory footprint; and the static concept atlas served beside the app, where it is built."""
 from __future__ import annotations
 
 import contextlib
@@ -7,8 +7,11 @@ import ctypes
 import os
 import threading
 import time
+from pathlib import Path
 
 import gradio as gr
+
+from .. import catalog
 
 # seconds an upload, a drawn view or a zip stays in Gradio's cache folder before it is deleted
 FILE_TTL = int(os.environ.get("VITVIZ_FILE_TTL", "3600"))
@@ -55,3 +58,34 @@ def fewer_malloc_arenas(arenas: int = 2) -> None:
         libc.mallopt(-8, arenas)   # -8: M_ARENA_MAX
     except (OSError, AttributeError):
         pass
+
+
+ATLAS_PATH = "/atlas"   # where the app serves the concept atlas
+
+
+def atlas_folder() -> Path:
+    """Where the app finds the concept atlas it serves: the folder VITVIZ_ATLAS names, else checkpoints/atlas."""
+    return Path(os.environ.get("VITVIZ_ATLAS") or catalog.ATLAS)
+
+
+def atlas_page(source: str, concept: int) -> str | None:
+    """The address under which the app serves concept `concept` of the dictionary `source`'s page, where the
+    atlas it serves has one; None otherwise."""
+    from ..atlas.facts import slug_of
+    from ..atlas.pages import concept_path
+
+    relative = concept_path(slug_of(source), concept)
+    return f"{ATLAS_PATH}/{relative}" if (atlas_folder() / relative).is_file() else None
+
+
+def atlas_routes(folder: str | Path | None = None) -> dict:
+    """The keyword arguments of the app's FastAPI server (`launch(app_kwargs=...)`) that serve the concept atlas
+    built in `folder` (`atlas_folder()` by default) under /atlas (its front page at /atlas/), or none where no
+    atlas is built there. Given when the server is made, the route comes before Gradio's own."""
+    folder = atlas_folder() if folder is None else Path(folder)
+    if not (folder / "index.html").is_file():
+        return {}
+    from starlette.routing import Mount
+    from starlette.staticfiles import StaticFiles
+
+    return {"routes": [Mount(ATLAS_PATH, app=StaticFiles(directory=folder, html=True), name="atlas")]}
