@@ -16,8 +16,10 @@ canvas the objective cared. The curve is each picture's objective at each step (
 on the device and read once at the end.
 
 On a GPU the models run under bfloat16 autocast (the parametrisation, the crops and the objective stay float32);
-on the CPU in float32. Seeded per picture (`images.Randomness`): the same seed, target and settings give the same
-picture on the same device, whatever else is drawn beside it.
+on the CPU in float32. Seeded per picture (`images.Randomness`, from `targets.Readout.start`: a concept's dictionary
+and number, a unit's, channel's or class's place and models): the same seed, target and settings give the same
+picture on the same device, whatever else is drawn beside it; two concepts of one number in two dictionaries start
+apart; a concept of a dictionary across models starts alike in each of its models.
 """
 from __future__ import annotations
 
@@ -97,7 +99,8 @@ def draw(models, targets: Target | Sequence[Target], *, settings: Settings = Set
     dictionaries: dict = {}
     readouts = [Readout(m, targets, dictionaries=dictionaries, normalised=len(models) > 1) for m in models]
     method, steps, copies = settings.method, settings.steps, settings.copies
-    randomness = Randomness([int(t.key) for t in targets], seed=settings.seed, device=device)
+    names = [m.name for m in models]
+    randomness = Randomness([readouts[0].start(t, names) for t in targets], seed=settings.seed, device=device)
     image, optimiser, schedule = method.parametrise(randomness, side=settings.side([m.transform.crop for m in models]),
                                                     steps=steps)
     parameter = next(image.parameters())
