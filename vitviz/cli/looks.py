@@ -57,7 +57,7 @@ def models_of(args) -> list[str]:
 
 def cmd_looks(args) -> int:
     from ..concepts.files import folder_of
-    from ..looks import LooksError, Settings, draw
+    from ..looks import LooksError, Settings, draw, transparent
     from ..looks.pictures import make_pictures, save_pictures
 
     try:
@@ -91,6 +91,7 @@ def cmd_looks(args) -> int:
     for (stem, _), image, alpha, curve in zip(named, drawing.images, drawing.alpha, drawing.curve):
         write_atomic(out / f"{stem}.png", png_bytes((image * 255).round().astype("uint8")))
         write_atomic(out / f"{stem}-alpha.png", png_bytes((alpha * 255).round().astype("uint8")))
+        write_atomic(out / f"{stem}-transparent.png", png_bytes(transparent(image, alpha)))
         record = {"models": list(drawing.models), "target": stem, "method": drawing.method, "steps": args.steps,
                   "copies": args.copies, "seed": drawing.seed, "objective": [round(float(v), 5) for v in curve]}
         write_atomic(out / f"{stem}-curve.json", (json.dumps(record, indent=1) + "\n").encode())

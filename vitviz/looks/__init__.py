@@ -8,6 +8,7 @@
                [looks.Concept("across-cifar10", c) for c in (5, 9)])
     pictures = looks.pictures_of("vit-cifar10-last")      # every concept's, drawn once and shipped
     image, alpha = pictures.picture(394)
+    looks.transparent(image, alpha)                       # h w 4 RGBA: the map applied, as the paper shows pictures
 
 The picture of a target is the image that excites it most, found by gradient ascent on a parametrised image seen
 through random crops and noise (Olah et al. 2017). The rooms, in the order the work flows:
@@ -22,10 +23,10 @@ through random crops and noise (Olah et al. 2017). The rooms, in the order the w
 - `pictures.py`: every concept's picture of a dictionary, drawn once (`make_pictures`) and shipped beside it
   (`pictures_of`, what the app reads).
 """
-from .draw import Drawing, Progress, Settings, draw
+from .draw import Drawing, Progress, Settings, draw, transparent
 from .images import METHODS, Maco, Pixels
 from .pictures import Pictures, make_pictures, pictures_of, save_pictures
 from .targets import Channel, Concept, Label, LooksError, Target, Unit
 
 __all__ = ["METHODS", "Channel", "Concept", "Drawing", "Label", "LooksError", "Maco", "Pictures", "Pixels", "Progress",
-           "Settings", "Target", "Unit", "draw", "make_pictures", "pictures_of", "save_pictures"]
+           "Settings", "Target", "Unit", "draw", "make_pictures", "pictures_of", "save_pictures", "transparent"]

@@ -97,14 +97,15 @@ def decorrelated(image: np.ndarray, colour: np.ndarray) -> np.ndarray:
     return y / np.maximum(y.std(axis=(-3, -2, -1), keepdims=True), 1e-8)
 
 
-def mean_magnitude(images: Iterable[np.ndarray], colour: np.ndarray) -> tuple[np.ndarray, int]:
+def mean_magnitude(images: Iterable[np.ndarray], colour: np.ndarray) -> tuple[np.ndarray | None, int]:
     """The mean |rfft2| (orthonormal) of batches of RGB images (b h w 3 in [0, 1], one side per batch), in
-    decorrelated colours -> (3 h w//2+1, how many images)."""
-    total, count = 0.0, 0
+    decorrelated colours -> (3 h w//2+1, how many images), or (None, 0) where there are none."""
+    total, count = None, 0
     for batch in images:
-        total = total + np.abs(np.fft.rfft2(decorrelated(batch, colour), norm="ortho")).sum(0)
+        summed = np.abs(np.fft.rfft2(decorrelated(batch, colour), norm="ortho")).sum(0)
+        total = summed if total is None else total + summed
         count += len(batch)
-    return total / count, count
+    return (None if total is None else total / count), count
 
 
 def measure(photos: Sequence[Image.Image], small: Iterable[np.ndarray] = (), *, size: int = SIZE,
