@@ -311,12 +311,16 @@ def test_drawn_pictures_corners_and_axes_are_photos(cifar10_test):
 def test_same_number_concepts_of_two_dictionaries_start_apart():
     loaded = loaded_tiny("vit")
     first, second = tiny_dictionary(loaded, seed=0), tiny_dictionary(loaded, seed=1)
-    a, b = (draw(loaded, [Concept(d, c) for c in range(8)], settings=QUICK, bar=False).images for d in (first, second))
+    # 4 steps: seeded by the concept's number alone (before issue 56), these pictures correlated r = 0.24 on average
+    # (0.38 after one step, 0.02 after 16: this tiny model's gradients soon take a picture far from its start)
+    settings = Settings(steps=4, copies=2)
+    a, b = (draw(loaded, [Concept(d, c) for c in range(8)], settings=settings, bar=False).images
+            for d in (first, second))
     r = [np.corrcoef(x.ravel(), y.ravel())[0, 1] for x, y in zip(a, b)]
-    assert np.mean(r) <= 0.1, r
+    assert abs(np.mean(r)) <= 0.1, r
     # the start belongs to the dictionary's weights, not to the object or path that names it
     copy = deepcopy(first)
-    again = draw(loaded, [Concept(copy, c) for c in range(8)], settings=QUICK, bar=False).images
+    again = draw(loaded, [Concept(copy, c) for c in range(8)], settings=settings, bar=False).images
     assert np.array_equal(a, again)
 
 
