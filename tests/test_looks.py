@@ -483,3 +483,33 @@ def test_shipped_pictures_are_what_the_script_makes(name):
     assert np.allclose(shipped[:4], drawing.curve[0, :4], atol=1e-4)
     assert drawing.curve[0, -1] == pytest.approx(shipped[-1], rel=0.15)
     assert np.abs(drawing.images[0] * 255 - pictures.picture(0, SHARED)[0]).mean() < 20
+
+
+def test_alike_reads_each_models_picture_in_every_model_over_its_percentile(cifar10_test):
+    """Two photos stand in for the ViT's and the CvT's own pictures of a concept of the bundled dictionary across
+    them; the table is each photo's value in each model over that model's 99th percentile on 100 photos, read here one
+    photo at a time (the table reads them a hundred at once), so the photo that excites the concept most in the ViT
+    reads at least 1 there."""
+    from vitviz.looks import alike
+
+    name, concept, count = "across-vit-cvt-cifar10", 5, 100
+    photos = np.stack([np.asarray(cifar10_test.image(i)) for i in range(count)])
+    per_model = {}
+    for model in ("vit-cifar10", "cvt-cifar10"):
+        loaded = hub.load(model, device="cpu")
+        readout = Readout(loaded, [Concept(name, concept)])
+        with torch.no_grad():
+            per_model[model] = np.array([float(readout(loaded.model.trace(loaded.transform.normalize(
+                torch.from_numpy(p).permute(2, 0, 1)[None].float() / 255), attention=False), 1)) for p in photos])
+    top, middle = int(per_model["vit-cifar10"].argmax()), int(np.argsort(per_model["cvt-cifar10"])[count // 2])
+    table = alike(name, concept, data=cifar10_test, images=count, pictures={
+        "vit-cifar10": photos[top], "cvt-cifar10": photos[middle].astype(np.float32) / 255})
+    assert table.models == ("vit-cifar10", "cvt-cifar10")
+    percentiles = np.array([np.percentile(per_model[m], 99) for m in table.models])
+    assert (percentiles > 0).all() and np.allclose(table.percentiles, percentiles, rtol=1e-4)
+    expected = np.array([[per_model[m][k] for m in table.models] for k in (top, middle)]) / percentiles
+    assert np.allclose(table.values, expected, rtol=1e-4, atol=1e-5) and table.values[0, 0] >= 1
+    assert f"vit-cifar10's picture excites concept {concept} in cvt-cifar10 at {expected[0, 1]:.1f}x" in table.words()
+    for source, words in [("vit-cifar10-last", "a dictionary of one model"), (name, "no concept 768")]:
+        with pytest.raises(LooksError, match=words):
+            alike(source, 768 if source == name else 0, data=cifar10_test, images=count)
