@@ -52,10 +52,13 @@ class Alike:
                 if m == n:
                     continue
                 value = self.values[m, n]
-                lines.append(f"{drawn_in}'s picture excites concept {self.concept} in {read_in} at "
-                             f"{value:.1f}x its {PERCENTILE}th percentile on {self.data}" if np.isfinite(value) else
-                             f"{drawn_in}'s picture: concept {self.concept} is below 0 on {PERCENTILE} % of "
-                             f"{self.data} in {read_in}, so its percentile says nothing")
+                if not np.isfinite(value):
+                    lines.append(f"{drawn_in}'s picture: concept {self.concept} is below 0 on {PERCENTILE} % of "
+                                 f"{self.data} in {read_in}, so its percentile says nothing")
+                else:
+                    does = "excites" if value > 0 else "holds below 0"
+                    lines.append(f"{drawn_in}'s picture {does} concept {self.concept} in {read_in} at {value:.1f}x "
+                                 f"its {PERCENTILE}th percentile on {self.data}")
         own = ", ".join(f"{m} {v:.1f}x" for m, v in zip(self.models, np.diag(self.values)))
         return "\n".join([*lines, f"each model's picture in its own model: {own}"])
 
