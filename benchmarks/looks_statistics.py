@@ -5,9 +5,12 @@ photos; and the time a picture takes at the shipped budget.
 
     OMP_NUM_THREADS=1 python benchmarks/looks_statistics.py                  # shipped and natural only, seconds
     OMP_NUM_THREADS=1 python benchmarks/looks_statistics.py --draw 64        # and the first 64 concepts drawn now
+    OMP_NUM_THREADS=1 python benchmarks/looks_statistics.py --fire 16        # do 16 concepts' pictures still fire?
 
 `natural.corner_z` and `natural.axis_share` define the statistics; r is Pearson's over every pixel value of concept
-i's pictures of the two dictionaries, averaged over i.
+i's pictures of the two dictionaries, averaged over i. Firing (`--fire N`): N concepts spread over each of
+`FIRING`'s dictionaries, each picture (shipped, and drawn now) read whole as `looks.alike` reads one, over the
+concept's 99th percentile on 500 CIFAR-10 test photos; a picture fires where that is above 1.
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from vitviz.looks.pictures import SETTINGS
 
 PAIR = ("vit-cifar10-last", "vit-cifar10-middle")   # two unrelated dictionaries of one model
 PHOTOS = 2000                                         # CIFAR-10 test photos for the natural statistics
+FIRING = ("vit-cifar10-last", "resnet-cifar10-last")
 
 
 def summary(images: np.ndarray) -> str:
@@ -37,12 +41,37 @@ def alike(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.mean([np.corrcoef(x.ravel(), y.ravel())[0, 1] for x, y in zip(a, b)]))
 
 
+def firing(count: int, photos) -> None:
+    """How many of `count` concepts of each `FIRING` dictionary fire on their shipped picture and on one drawn now."""
+    from vitviz.looks.alike import read_in
+
+    for name in FIRING:
+        model = hub.load(load_dictionary(name).model, device="cpu")
+        pictures = pictures_of(name)
+        concepts = np.linspace(0, pictures.n_concepts - 1, count).round().astype(int).tolist()
+        drawn = draw(model, [Concept(name, c) for c in concepts], settings=SETTINGS, device="cpu", bar=False).images
+        ratios = []
+        for i, concept in enumerate(concepts):
+            shipped = torch.from_numpy(pictures.picture(concept)[0].astype(np.float32) / 255).permute(2, 0, 1)
+            now = torch.from_numpy(drawn[i]).permute(2, 0, 1)
+            q, values = read_in(model, {}, name, concept, photos, 500, torch.stack([shipped, now]))
+            ratios.append(values / q if q > 0 else (np.nan, np.nan))
+        ratios = np.array(ratios)
+        above = (ratios > 1).sum(0)
+        print(f"{name}, concepts {concepts}: above their 99th percentile on the shipped picture {above[0]} of "
+              f"{count}, on one drawn now {above[1]} of {count} (median {np.nanmedian(ratios[:, 0]):.2f}x and "
+              f"{np.nanmedian(ratios[:, 1]):.2f}x)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--draw", type=int, default=0, help="draw the first N concepts of each dictionary now")
+    parser.add_argument("--fire", type=int, default=0, help="whether N concepts' pictures fire (shipped, drawn now)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     data = open_data("cifar10", split="test")
+    if args.fire:
+        firing(args.fire, data)
     photos = np.stack([np.asarray(data.image(i)) for i in range(PHOTOS)])
     natural_share = natural.axis_share(photos).mean()
     print(f"CIFAR-10 test photos ({PHOTOS}): {summary(photos)}")
