@@ -513,3 +513,28 @@ def test_alike_reads_each_models_picture_in_every_model_over_its_percentile(cifa
     for source, words in [("vit-cifar10-last", "a dictionary of one model"), (name, "no concept 768")]:
         with pytest.raises(LooksError, match=words):
             alike(source, 768 if source == name else 0, data=cifar10_test, images=count)
+
+
+def test_pictures_files_record_their_drawing_and_old_ones_read_as_the_first(tmp_path):
+    from safetensors.torch import load as load_tensors, save as save_tensors
+
+    from vitviz.looks.pictures import HEADER_KEY, Pictures, save_pictures
+
+    image, alpha = np.random.default_rng(0).random((2, 8, 8, 3)), np.random.default_rng(1).random((2, 8, 8))
+    encoded = jpegs(image, alpha)
+    offsets = torch.from_numpy(np.concatenate([[0], np.cumsum([len(j) for j in encoded])]).astype(np.int64))
+    sets = {"tiny-vit": (torch.frombuffer(bytearray(b"".join(encoded)), dtype=torch.uint8), offsets, torch.zeros(2, 3))}
+    folder = tmp_path / "dictionary"
+    folder.mkdir()
+    path = save_pictures(Pictures(sets=sets, n_concepts=2, settings={}, dictionary_sha256="-", seconds=1.0), folder)
+    written = pictures_of(folder)
+    assert written.drawing == DRAWING and written.current and written.transparent(1).shape == (8, 8, 4)
+    # a version 1 file (before issue 56): no `drawing` in its header
+    raw = path.read_bytes()
+    header = json.loads(json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])["__metadata__"][HEADER_KEY])
+    assert header["version"] == 2
+    del header["drawing"]
+    header["version"] = 1
+    path.write_bytes(save_tensors(load_tensors(raw), {HEADER_KEY: json.dumps(header)}))
+    old = pictures_of(folder)
+    assert old.drawing == 1 and not old.current and np.array_equal(old.picture(1)[0], written.picture(1)[0])
