@@ -1,6 +1,7 @@
 """`vitviz looks`: what a concept, unit, channel or class looks like, drawn by feature visualisation
 (`vitviz.looks`): one picture per target, with its transparency map and the objective's curve beside it; or, with
---pictures, every concept of a dictionary, written beside it (the pictures the app's concept cards show)."""
+--pictures, every concept of a dictionary, written beside it (the pictures the app's concept cards show); or, with
+--alike, whether the models of a dictionary across them see its concepts alike (`looks.alike`)."""
 from __future__ import annotations
 
 import json
@@ -57,7 +58,8 @@ def models_of(args) -> list[str]:
 
 def cmd_looks(args) -> int:
     from ..concepts.files import folder_of
-    from ..looks import LooksError, Settings, draw
+    from ..looks import LooksError, Settings, draw, transparent
+    from ..looks.alike import PERCENTILE
     from ..looks.pictures import make_pictures, save_pictures
 
     try:
@@ -73,6 +75,16 @@ def cmd_looks(args) -> int:
             path = save_pictures(pictures, folder_of(args.concepts))
             print(f"{pictures.n_concepts} concepts' pictures ({', '.join(pictures.sets)}) drawn in "
                   f"{pictures.seconds:.0f} s, written to {path}")
+            return 0
+        if args.alike:
+            if args.concepts is None or not args.ids or args.unit or args.channel or args.label:
+                raise UsageError("--alike reads concepts of a dictionary across models: give --concepts DICT "
+                                 "--ids N...")
+            from ..looks import alike
+            for concept in args.ids:
+                table = alike(args.concepts, concept, device=args.device or "cpu")
+                print(f"concept {concept} of {args.concepts}: each model's own picture read in every model, over its "
+                      f"{PERCENTILE}th percentile on {table.data}\n{table.table()}\n{table.words()}\n")
             return 0
         if args.out is None:
             raise UsageError("--out DIR is needed: the folder the pictures are written to")
@@ -91,6 +103,7 @@ def cmd_looks(args) -> int:
     for (stem, _), image, alpha, curve in zip(named, drawing.images, drawing.alpha, drawing.curve):
         write_atomic(out / f"{stem}.png", png_bytes((image * 255).round().astype("uint8")))
         write_atomic(out / f"{stem}-alpha.png", png_bytes((alpha * 255).round().astype("uint8")))
+        write_atomic(out / f"{stem}-transparent.png", png_bytes(transparent(image, alpha)))
         record = {"models": list(drawing.models), "target": stem, "method": drawing.method, "steps": args.steps,
                   "copies": args.copies, "seed": drawing.seed, "objective": [round(float(v), 5) for v in curve]}
         write_atomic(out / f"{stem}-curve.json", (json.dumps(record, indent=1) + "\n").encode())
@@ -121,4 +134,7 @@ def add_parser(sub) -> None:
     p.add_argument("--pictures", action="store_true",
                    help="draw every concept of --concepts and write looks.safetensors beside it (the app's pictures)")
     p.add_argument("--limit", type=int, default=None, help="with --pictures: the first N concepts alone")
+    p.add_argument("--alike", action="store_true",
+                   help="with --concepts ACROSS --ids N...: how strongly each model's own picture excites the concept "
+                        "in every model, over that model's 99th percentile on CIFAR-10's test photos")
     p.set_defaults(run=cmd_looks)

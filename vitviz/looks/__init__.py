@@ -8,6 +8,8 @@
                [looks.Concept("across-cifar10", c) for c in (5, 9)])
     pictures = looks.pictures_of("vit-cifar10-last")      # every concept's, drawn once and shipped
     image, alpha = pictures.picture(394)
+    looks.transparent(image, alpha)                       # h w 4 RGBA: the map applied, as the paper shows pictures
+    print(looks.alike("across-cifar10", 5).words())       # each model's picture in the others, x their 99th percentile
 
 The picture of a target is the image that excites it most, found by gradient ascent on a parametrised image seen
 through random crops and noise (Olah et al. 2017). The rooms, in the order the work flows:
@@ -19,13 +21,17 @@ through random crops and noise (Olah et al. 2017). The rooms, in the order the w
 - `targets.py`: what is maximised, read from the trace (a dictionary's concept, an MLP's unit, a block's channel, a
   class logit), and across models the normalisation by each model's typical activation;
 - `draw.py`: `draw`, the optimisation, B pictures at once, in one model or several (Thasarathan et al. 2025);
+- `alike.py`: whether the models of a dictionary across them see a concept alike: each model's own picture read in
+  every model, against the photos' 99th percentile there (`alike`);
 - `pictures.py`: every concept's picture of a dictionary, drawn once (`make_pictures`) and shipped beside it
   (`pictures_of`, what the app reads).
 """
-from .draw import Drawing, Progress, Settings, draw
+from .alike import Alike, alike
+from .draw import Drawing, Progress, Settings, draw, transparent
 from .images import METHODS, Maco, Pixels
 from .pictures import Pictures, make_pictures, pictures_of, save_pictures
 from .targets import Channel, Concept, Label, LooksError, Target, Unit
 
-__all__ = ["METHODS", "Channel", "Concept", "Drawing", "Label", "LooksError", "Maco", "Pictures", "Pixels", "Progress",
-           "Settings", "Target", "Unit", "draw", "make_pictures", "pictures_of", "save_pictures"]
+__all__ = ["METHODS", "Alike", "Channel", "Concept", "Drawing", "Label", "LooksError", "Maco", "Pictures", "Pixels",
+           "Progress", "Settings", "Target", "Unit", "alike", "draw", "make_pictures", "pictures_of", "save_pictures",
+           "transparent"]

@@ -12,12 +12,16 @@ target (`targets.Readout`), and takes one optimiser step on
 The gradient comes back by reverse mode (`torch.autograd.grad` on the phase or pixels and on the canvases alone,
 so the models' weights get none and keep no .grad). Horama's transparency map is the sum over the steps of the
 absolute gradient on the canvas, summed over the colours and scaled to a maximum of 1 per picture: where on the
-canvas the objective cared. The curve is each picture's objective at each step (before that step's update), kept
-on the device and read once at the end.
+canvas the objective cared. The paper's figures show it applied to the picture (Horama's `plot_maco`): clipped at
+its 80th percentile and scaled to 1 there, as the picture's opacity (`transparent`), so what the objective cared
+little about fades and the rest shows whole. The curve is each picture's objective at each step (before that step's
+update), kept on the device and read once at the end.
 
 On a GPU the models run under bfloat16 autocast (the parametrisation, the crops and the objective stay float32);
-on the CPU in float32. Seeded per picture (`images.Randomness`): the same seed, target and settings give the same
-picture on the same device, whatever else is drawn beside it.
+on the CPU in float32. Seeded per picture (`images.Randomness`, from `targets.Readout.start`: a concept's dictionary
+and number, a unit's, channel's or class's place and models): the same seed, target and settings give the same
+picture on the same device, whatever else is drawn beside it; two concepts of one number in two dictionaries start
+apart; a concept of a dictionary across models starts alike in each of its models.
 """
 from __future__ import annotations
 
@@ -32,6 +36,9 @@ from .images import METHODS, Maco, Pixels, Randomness
 from .targets import LooksError, Readout, Target
 
 Progress = Callable[[int, int], None]   # (steps done, steps in all)
+DRAWING = 2            # the drawing's revision, recorded with shipped pictures: 2, the random phase offset and seeds
+                       # from the target's identity (issue 56); 1, the standardised phase alone and seeds by number
+ALPHA_PERCENTILE = 80  # the transparency map is clipped here before it is applied (Horama's `plot_maco`)
 
 
 @dataclass(frozen=True)
@@ -73,6 +80,20 @@ class Drawing:
     seed: int
 
 
+def transparent(image: np.ndarray, alpha: np.ndarray, *, percentile: float = ALPHA_PERCENTILE) -> np.ndarray:
+    """A picture (h w 3) with its transparency map (h w) applied as the paper shows it: h w 4 uint8 RGBA, the
+    opacity the map clipped at its `percentile`-th percentile and scaled to 1 there. Either may be floats in [0, 1]
+    or uint8 (as shipped); the map's own scale does not matter."""
+    image, alpha = np.asarray(image), np.asarray(alpha, dtype=np.float64)
+    if image.ndim != 3 or image.shape[-1] != 3 or alpha.shape != image.shape[:2]:
+        raise LooksError(f"A picture is h w 3 and its transparency map h w; got {image.shape} and {alpha.shape}.")
+    if not 0 < percentile <= 100:
+        raise LooksError(f"The percentile the map is clipped at must be in (0, 100], not {percentile!r}.")
+    pixels = image if image.dtype == np.uint8 else np.round(np.clip(image, 0, 1) * 255).astype(np.uint8)
+    opacity = np.clip(alpha / max(float(np.percentile(alpha, percentile)), 1e-12), 0, 1)
+    return np.concatenate([pixels, np.round(opacity * 255).astype(np.uint8)[..., None]], axis=-1)
+
+
 def device_for(device: str | torch.device | None) -> torch.device:
     """The device asked for, else the GPU where there is one, else the CPU."""
     return torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
@@ -97,7 +118,8 @@ def draw(models, targets: Target | Sequence[Target], *, settings: Settings = Set
     dictionaries: dict = {}
     readouts = [Readout(m, targets, dictionaries=dictionaries, normalised=len(models) > 1) for m in models]
     method, steps, copies = settings.method, settings.steps, settings.copies
-    randomness = Randomness([int(t.key) for t in targets], seed=settings.seed, device=device)
+    names = [m.name for m in models]
+    randomness = Randomness([readouts[0].start(t, names) for t in targets], seed=settings.seed, device=device)
     image, optimiser, schedule = method.parametrise(randomness, side=settings.side([m.transform.crop for m in models]),
                                                     steps=steps)
     parameter = next(image.parameters())

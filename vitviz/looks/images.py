@@ -7,17 +7,20 @@ normalisation). Randomness comes from one generator per image (`Randomness`), so
 on which others were drawn with it.
 
 MACO (Fel et al. 2023; Horama's `maco_fv.py`). The trainable tensor is a phase φ (B 3 S S/2+1). With M the natural
-magnitude template (`natural.magnitude(S)`) and C the colour matrix (`natural.colour_matrix()`):
+magnitude template (`natural.magnitude(S)`), C the colour matrix (`natural.colour_matrix()`) and θ a fixed random
+offset, uniform in (-π, π) at every frequency and drawn with the picture's own randomness:
 
-    y = standardise(irfft2(M · exp(i · standardise(φ))))      per image: mean 0, standard deviation 1
-    canvas = sigmoid(y Cᵀ)                                      per pixel: decorrelated colours -> the photos'
+    y = standardise(irfft2(M · exp(i · (standardise(φ) + θ))))    per image: mean 0, standard deviation 1
+    canvas = sigmoid(y Cᵀ)                                          per pixel: decorrelated colours -> the photos'
 
 so every picture keeps the magnitude spectrum of natural photographs and only where its edges and colours fall (the
-phase) is optimised: no high-frequency noise can win. NAdam at lr 1.0, the phase drawn Gaussian and standardised,
-as Horama. A standardised phase stays near 0, so all frequencies are nearly in step at the origin: every picture
-starts from a spot at the canvas's corner (11 standard deviations at 32 px), which can stay as a dark or bright
-pixel there. Without the standardisation there is no spot, but the bundled ViT's concepts reach only two thirds of
-the objective in as many steps, in pictures with no object; rolled to the centre, the spot shows more.
+phase) is optimised: no high-frequency noise can win. NAdam at lr 1.0, φ drawn Gaussian and standardised, as Horama.
+Why θ. A standardised phase stays within a few radians of 0, so without θ every frequency adds up nearly in step
+at pixel (0, 0): every picture started from a spot at the canvas's corner (11 standard deviations at 32 px) and
+kept a dark or bright corner (the shipped pictures drawn before it: luma 3.1 standard deviations from the mean,
+docs/looks.md). With θ the start's phase is uniform, as the paper draws it, and no pixel is special; θ is a
+constant, so the optimisation (its gradient, the standardisation's step size, which reaches further in as many
+steps than an unstandardised phase) is Horama's.
 
 Each step shows the models K crops of the canvas: centres at 0.5 + 0.15 N(0, 1) of the side, sides uniform in
 `box` of the side, resized to the model's input (`roi_align`), with Gaussian and uniform noise of `noise` added in
@@ -40,6 +43,7 @@ FFT is periodic, and Ghiasi et al.'s jitter is a roll), so a box may leave the c
 """
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 from typing import ClassVar
@@ -58,15 +62,17 @@ Schedule = torch.optim.lr_scheduler.LRScheduler
 
 
 class Randomness:
-    """One generator per image, seeded by (seed, the image's key): the same seed and target give the same draws
-    whatever else shares the batch."""
+    """One generator per image, seeded by a hash of (the image's start: what it draws, `targets.start`; the seed):
+    the same seed and target give the same draws whatever else shares the batch, and two targets' draws are
+    unrelated whatever their numbers."""
 
-    def __init__(self, keys: list[int], *, seed: int, device: torch.device):
+    def __init__(self, starts: list[str], *, seed: int, device: torch.device):
         self.device = device
         self.generators = []
-        for key in keys:
+        for start in starts:
+            digest = hashlib.blake2b(f"{start}|seed {seed}".encode(), digest_size=4).digest()
             generator = torch.Generator(device=device)
-            generator.manual_seed((key + seed * 0x9E3779B1) % 2**32)   # a CPU generator keeps 32 bits of its seed
+            generator.manual_seed(int.from_bytes(digest, "little"))   # 32 bits: all a CPU generator keeps
             self.generators.append(generator)
 
     def draw(self, kind: str, shape: tuple[int, ...]) -> Tensor:
@@ -95,17 +101,19 @@ def crops(canvas: Tensor, boxes: Tensor, size: tuple[int, int]) -> Tensor:
 
 
 class Phase(nn.Module):
-    """MACO's parametrisation: the phase, under a fixed magnitude and colour matrix -> B 3 S S in [0, 1]."""
+    """MACO's parametrisation: the phase, under a fixed magnitude, colour matrix and phase offset -> B 3 S S in
+    [0, 1]."""
 
-    def __init__(self, phase: Tensor, magnitude: Tensor, colour: Tensor):
+    def __init__(self, phase: Tensor, magnitude: Tensor, colour: Tensor, offset: Tensor):
         super().__init__()
         self.phase = nn.Parameter(phase)
         self.register_buffer("magnitude", magnitude)
         self.register_buffer("colour", colour)
+        self.register_buffer("offset", offset)
 
     def decorrelated(self) -> Tensor:
         """y, B 3 S S: the standardised image of decorrelated colours, whose spectrum's magnitude is the template's."""
-        angle = standardise(self.phase)
+        angle = standardise(self.phase) + self.offset
         side = self.phase.shape[-2]
         return standardise(torch.fft.irfft2(torch.polar(self.magnitude.expand_as(angle), angle), s=(side, side)))
 
@@ -135,10 +143,12 @@ class Maco:
     lr: float = 1.0
 
     def parametrise(self, randomness: Randomness, *, side: int, steps: int) -> tuple[nn.Module, Optimiser, None]:
-        """-> (the parametrisation, its optimiser, no schedule): a random phase under the template."""
+        """-> (the parametrisation, its optimiser, no schedule): a random phase and offset under the template."""
         device = randomness.device
-        phase = randomness.draw("normal", (3, side, side // 2 + 1))
-        image = Phase(phase, natural.magnitude(side).to(device), natural.colour_matrix().to(device))
+        shape = (3, side, side // 2 + 1)
+        phase = randomness.draw("normal", shape)
+        offset = math.pi * (2 * randomness.draw("uniform", shape) - 1)
+        image = Phase(phase, natural.magnitude(side).to(device), natural.colour_matrix().to(device), offset)
         return image, torch.optim.NAdam(image.parameters(), lr=self.lr), None
 
     def augment(self, canvas: Tensor, randomness: Randomness, *, copies: int, size: tuple[int, int],

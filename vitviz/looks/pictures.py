@@ -22,7 +22,11 @@ The file, `looks.safetensors` (`FILE`), one safetensors file:
              <set>.curve (n steps float32: each picture's objective before each step)
     __metadata__ {"vitviz_looks": JSON}: format "vitviz-looks", version, sets, n_concepts, settings (method and its
              settings, steps, copies, seed, canvas), dictionary_sha256 (as `concepts.files.own.checksum`), seconds
-             (the drawing's wall time)
+             (the drawing's wall time), drawing (`draw.DRAWING`, the revision of the drawing that made them)
+
+Version 2 added `drawing`; a version 1 file is read as drawing 1 (the standardised phase alone and seeds by concept
+number: a dark corner in every picture, docs/looks.md), and `Pictures.current` says whether a file's pictures are
+what this vitviz draws.
 """
 from __future__ import annotations
 
@@ -43,11 +47,11 @@ from ..concepts import Across, ConceptsError, load as load_dictionary
 from ..concepts.files import folder_of
 from ..concepts.files.own import checked_format, checksum, header_json
 from ..files import write_atomic
-from .draw import Progress, Settings, draw
+from .draw import DRAWING, Progress, Settings, draw, transparent
 from .images import Maco
 from .targets import Concept, LooksError
 
-FORMAT, VERSION = "vitviz-looks", 1
+FORMAT, VERSION = "vitviz-looks", 2
 FILE = "looks.safetensors"
 HEADER_KEY = "vitviz_looks"
 SHARED = "shared"
@@ -64,6 +68,12 @@ class Pictures:
     settings: dict
     dictionary_sha256: str
     seconds: float
+    drawing: int = DRAWING   # the drawing's revision that made them (`draw.DRAWING`)
+
+    @property
+    def current(self) -> bool:
+        """Whether these pictures were made by this vitviz's drawing (older ones were drawn before a fix)."""
+        return self.drawing == DRAWING
 
     @property
     def models(self) -> tuple[str, ...]:
@@ -83,6 +93,10 @@ class Pictures:
         a, b, c = (int(v) for v in offsets[2 * concept:2 * concept + 3])
         decode = lambda part: np.asarray(Image.open(io.BytesIO(part.numpy().tobytes())))
         return decode(jpeg[a:b]), decode(jpeg[b:c])
+
+    def transparent(self, concept: int, model: str | None = None) -> np.ndarray:
+        """The picture with its transparency map applied (`draw.transparent`): h w 4 uint8 RGBA."""
+        return transparent(*self.picture(concept, model))
 
     def curve(self, concept: int, model: str | None = None) -> np.ndarray:
         """The picture's objective before each step (float32)."""
@@ -151,7 +165,7 @@ def save_pictures(pictures: Pictures, folder: str | Path) -> Path:
         tensors |= {f"{name}.jpeg": jpeg, f"{name}.offsets": offsets, f"{name}.curve": curve.float().contiguous()}
     header = {"format": FORMAT, "version": VERSION, "sets": list(pictures.sets), "n_concepts": pictures.n_concepts,
               "settings": pictures.settings, "dictionary_sha256": pictures.dictionary_sha256,
-              "seconds": round(pictures.seconds, 1), "sha256": checksum(tensors)}
+              "seconds": round(pictures.seconds, 1), "drawing": pictures.drawing, "sha256": checksum(tensors)}
     path = Path(folder) / FILE
     write_atomic(path, save_tensors(tensors, {HEADER_KEY: json.dumps(header)}))
     return path
@@ -182,4 +196,5 @@ def pictures_of(source: str | Path) -> Pictures | None:
             raise LooksError(f"{path} is not sound: its {name} pictures do not hold {n} concepts; draw them again.")
         sets[name] = (jpeg, offsets, curve)
     return Pictures(sets=sets, n_concepts=n, settings=header["settings"],
-                    dictionary_sha256=header["dictionary_sha256"], seconds=float(header["seconds"]))
+                    dictionary_sha256=header["dictionary_sha256"], seconds=float(header["seconds"]),
+                    drawing=int(header.get("drawing", 1)))   # version 1 files: drawn before `drawing` was recorded

@@ -25,7 +25,6 @@ concept never fired in a model, the median over the model's concepts that did; 1
 """
 from __future__ import annotations
 
-import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +38,7 @@ from ..concepts.activations.align import align, token_rectangles
 from ..concepts.activations.cache import block_index, block_tokens, default_tokens
 from ..concepts.analysis.exemplars import index_in
 from ..concepts.analysis.photo import cells_of, model_names
+from ..concepts.files.own import checksum
 from ..concepts.kinds.dictionary import block_words
 from ..models.trace import Trace
 
@@ -54,11 +54,6 @@ class Concept:
     concept: int
     position: int | None = None   # a grid token (a cell, across models), row-major; None: the mean over the grid
 
-    @property
-    def key(self) -> int:
-        """What seeds its picture's randomness (`images.Randomness`), with the seed."""
-        return self.concept
-
 
 @dataclass(frozen=True)
 class Unit:
@@ -66,10 +61,6 @@ class Unit:
     block: int
     unit: int
     position: int | None = None
-
-    @property
-    def key(self) -> int:
-        return self.unit
 
 
 @dataclass(frozen=True)
@@ -79,20 +70,12 @@ class Channel:
     channel: int
     position: int | None = None
 
-    @property
-    def key(self) -> int:
-        return self.channel
-
 
 @dataclass(frozen=True)
 class Label:
     """A class logit: its index, or its name among the model's labels."""
     label: int | str
     position: None = None   # a logit has no place on the grid
-
-    @property
-    def key(self) -> int:
-        return self.label if isinstance(self.label, int) else zlib.crc32(self.label.encode())
 
 
 Target = Concept | Unit | Channel | Label
@@ -232,11 +215,35 @@ class Readout:
             return torch.einsum('bknd,db->bkn', x, dictionary.W_enc[:, ids]) + bias[ids][:, None, None]
         return ("concept", id(dictionary)), tokens, project, grid[0] * grid[1], concept
 
+    def start(self, target: Target, models: Sequence[str]) -> str:
+        """What seeds the randomness of `target`'s picture drawn in `models` (`images.Randomness`, with the seed). A
+        concept: its number and its dictionary's weights (their SHA-256: the dictionary, and so its model and block,
+        whatever path or name it was given by), so concept i of two dictionaries starts apart, and a dictionary across
+        models' concept starts alike in each of its models and in all at once. A unit, channel or class: its place
+        and the models."""
+        if isinstance(target, Concept):
+            self.dictionary(target)   # loaded, once
+            key = self.source_key(target)
+            if ("sha256", key) not in self.dictionaries:
+                state = self.dictionaries[key].state_dict()
+                self.dictionaries["sha256", key] = checksum({k: v.detach().cpu() for k, v in state.items()})
+            return f"concept {target.concept} of the dictionary {self.dictionaries['sha256', key]}"
+        drawn_in = " + ".join(models)
+        if isinstance(target, Label):
+            return f"class {target.label} in {drawn_in}"
+        number = target.unit if isinstance(target, Unit) else target.channel
+        return f"{type(target).__name__.lower()} {number} of block {target.block} in {drawn_in}"
+
+    @staticmethod
+    def source_key(target: Concept):
+        """Where `dictionaries` keeps the source a concept names: its name or folder, or the object given."""
+        return str(target.dictionary) if isinstance(target.dictionary, (str, Path)) else id(target.dictionary)
+
     def dictionary(self, target: Concept) -> tuple[Dictionary, tuple[int, int] | None]:
         """The dictionary `target` names, for this model (its own, of a dictionary across models), and the cells it
         reads (None: the model's own grid); a source is loaded once."""
         source = target.dictionary
-        key = str(source) if isinstance(source, (str, Path)) else id(source)
+        key = self.source_key(target)
         if key not in self.dictionaries:
             if isinstance(source, (str, Path)):
                 try:

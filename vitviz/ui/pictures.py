@@ -4,11 +4,12 @@ beside its dictionary or drawn here, and "Draw this concept" where none ships.
 A card's pictures are, first found first: those drawn for it in this session ("Draw this concept", kept in the
 session); those shipped beside its dictionary (`looks.pictures_of`: a bundled dictionary's looks.safetensors, read once
 a process, and again when the file changes); none, and the card says so and offers to draw them. A drawing uses the
-shipped pictures' settings (`looks.pictures.SETTINGS`, seed 0), so drawn on the device that drew a shipped file it
-is the picture the file holds. Of a dictionary across models a card shows the picture that excites the concept in
-every model at once ("shared"), then each model's own, each labelled with its model: whether the families see the
-concept alike. Shipped, those are all the dictionary's models; drawn here, the card's (both of the page's models
-where both columns read the dictionary).
+shipped pictures' settings (`looks.pictures.SETTINGS`, seed 0), so drawn on the device that drew a shipped file of
+this vitviz's drawing it is the picture the file holds (`looks.Pictures.current`: the bundled files predate it).
+Of a dictionary across models a card shows the picture that excites the concept in every model at once ("shared"),
+then each model's own, each labelled with its model: whether the families see the concept alike. Shipped, those are
+all the dictionary's models; drawn here, the card's (both of the page's models where both columns read the
+dictionary).
 """
 from __future__ import annotations
 
