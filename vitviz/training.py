@@ -330,8 +330,8 @@ def _settled(result: dict) -> dict:
 
 def comparison_words(results: Sequence[dict]) -> str:
     """How differently two runs learned, in their measured numbers: accuracy after about one epoch and at the end,
-    when their blocks settle (mean CKA to the end 0.9), and how far their first blocks attend at the start and the
-    end."""
+    when their blocks settle (mean CKA to the end 0.9), the block whose mean attention distance moved most, and how
+    far their first blocks reach (receptive field) at the start, at the widest and at the end."""
     a, b = results
     one = [_at_epoch(r, 1.0) for r in (a, b)]
     words = (f"After about one epoch {a['model']} is at {100 * one[0]['accuracy']:.0f} % (step {one[0]['step']}) and "
@@ -339,12 +339,25 @@ def comparison_words(results: Sequence[dict]) -> str:
              f"{100 * a['checkpoints'][-1]['accuracy']:.0f} % and {100 * b['checkpoints'][-1]['accuracy']:.0f} %. "
              f"Their blocks settle (mean CKA to the end 0.9) at epoch {_settled(a)['epoch']:.2g} and "
              f"{_settled(b)['epoch']:.2g}.")
-    first = [(r["checkpoints"][0]["attention_distance"][0], r["checkpoints"][-1]["attention_distance"][0])
-             for r in (a, b)]
-    if all(start is not None for start, _ in first):
-        words += (f" Their first blocks attend {first[0][0]:.1f} → {first[0][1]:.1f} px ({a['model']}) and "
-                  f"{first[1][0]:.1f} → {first[1][1]:.1f} px ({b['model']}) from initialisation to the end.")
+    moved = [_most_moved(r, "attention_distance") for r in (a, b)]
+    if all(moved):
+        words += " From initialisation to the end, the block whose attention moved most: " + " and ".join(
+            f"{r['model']}'s {block} {start:.1f} → {end:.1f} px" for r, (block, start, end) in zip((a, b), moved)) + "."
+    reach = [(r["checkpoints"][0]["receptive_field"][0], max(c["receptive_field"][0] for c in r["checkpoints"]),
+              r["checkpoints"][-1]["receptive_field"][0]) for r in (a, b)]
+    words += " Their first blocks' receptive fields (r50): " + " and ".join(
+        f"{r['model']} {start:.1f} px at the start, {widest:.1f} px at the widest, {end:.1f} px at the end"
+        for r, (start, widest, end) in zip((a, b), reach)) + "."
     return words
+
+
+def _most_moved(result: dict, key: str) -> tuple[str, float, float] | None:
+    """(block, first, last) of the block whose `key` moved most from the first checkpoint to the last; None where
+    no block has it."""
+    first, last = result["checkpoints"][0][key], result["checkpoints"][-1][key]
+    moves = [(abs(end - start), block, start, end) for block, start, end in zip(result["blocks"], first, last)
+             if start is not None and end is not None]
+    return max(moves)[1:] if moves else None
 
 
 def prediction_figure(series: Sequence[dict], *, marks: Sequence[float | None] = ()) -> np.ndarray:
