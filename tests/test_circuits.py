@@ -521,12 +521,7 @@ def test_an_edge_is_the_derivative_of_its_targets_score_along_the_source(family)
                 raise Scored(float((codes[..., target] * down_state.code_gradient[..., target]).sum()), codes != 0)
             return tokens
 
-        with torch.inference_mode():
-            try:
-                loaded.model.trace(pixels, attention=False, edit=edit)
-            except Scored as reached:
-                return reached.value, reached.active
-        raise AssertionError("the forward never reached the downstream site")
+        return scored(loaded, pixels, edit)
 
     for row, error in ((0, False), (1, True)):
         for concept in torch.argsort(concept_edges[row].abs(), descending=True)[:2].tolist():
@@ -588,12 +583,7 @@ def test_an_integrated_gradients_edge_is_the_mean_over_the_path_of_each_steps_de
                 raise Scored(float((codes[..., target] * path.code_gradient[step, :, target]).sum()), codes != 0)
             return tokens
 
-        with torch.inference_mode():
-            try:
-                loaded.model.trace(pixels, attention=False, edit=edit)
-            except Scored as reached:
-                return reached.value, reached.active
-        raise AssertionError("the forward never reached the downstream site")
+        return scored(loaded, pixels, edit)
 
     for concept in torch.argsort(concept_edges[0].abs(), descending=True)[:2].tolist():
         slopes = []
@@ -622,6 +612,16 @@ class Scored(Exception):
     def __init__(self, value: float, active: Tensor):
         super().__init__()
         self.value, self.active = value, active
+
+
+def scored(loaded, pixels: Tensor, edit) -> tuple[float, Tensor]:
+    """(score, the downstream TopK's active set) that `edit` raises as `Scored` where the forward reaches it."""
+    with torch.inference_mode():
+        try:
+            loaded.model.trace(pixels, attention=False, edit=edit)
+        except Scored as reached:
+            return reached.value, reached.active
+    raise AssertionError("the forward never reached the downstream site")
 
 
 def test_a_class_circuit_averages_each_images_effects_and_its_f_is_the_ratio_of_the_means(cifar10_test):
