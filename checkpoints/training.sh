@@ -3,7 +3,7 @@
 # runs"). Each model is trained again with its bundled recipe, seed and threads, keeping the model after the steps in
 # KEEP (int8, `--save-steps`); the kept steps are copied in as checkpoints/<model>/steps/step-<N>/ (`<model>@<N>`);
 # `vitviz training` measures each run (steps/training-<model>.json, what the app's Training tab draws); then one
-# dictionary across the CvT's run says when each of its concepts is born. Run from the repository root; each run
+# dictionary across each run says when each of its concepts is born. Run from the repository root; each run
 # takes one to two hours on one thread, and `--stop-after E` / `--resume` make it in pieces.
 set -euo pipefail
 DATA=${DATA:-cifar10}
@@ -20,10 +20,12 @@ for model in cvt-cifar10 vit-cifar10; do
   python -m vitviz training --models "$model" --data "$DATA" --limit 500 --out "$RUNS/training"
   cp "$RUNS/training/training-$model.json" "checkpoints/$model/steps/"
 done
-# one dictionary across the CvT's run (catalog.RUN_DICTIONARY_STEPS), its held-out births and exemplars
-OUT=checkpoints/concepts/cvt-cifar10-training
-python -m vitviz concepts train --models $(for step in $KEEP; do printf 'cvt-cifar10@%s ' "$step"; done) --block -1 \
-  --data "$DATA" --limit 5000 --kind topk --k 16 --expansion 2 --epochs 20 --warmup 40 --out "$OUT"
-python -m vitviz concepts evaluate "$OUT" --data "$DATA" --split test --limit 1000
-python -m vitviz concepts exemplars "$OUT" --data "$DATA" --split test --limit 500 --top 5 --jpeg-quality 60 \
-  --thumbnails checkpoints/concepts/thumbnails-cifar10.safetensors
+# one dictionary across each run (catalog.RUN_DICTIONARY_STEPS), its held-out births and exemplars
+for model in cvt-cifar10 vit-cifar10; do
+  OUT="checkpoints/concepts/$model-training"
+  python -m vitviz concepts train --models $(for step in $KEEP; do printf '%s@%s ' "$model" "$step"; done) --block -1 \
+    --data "$DATA" --limit 5000 --kind topk --k 16 --expansion 2 --epochs 20 --warmup 40 --out "$OUT"
+  python -m vitviz concepts evaluate "$OUT" --data "$DATA" --split test --limit 1000
+  python -m vitviz concepts exemplars "$OUT" --data "$DATA" --split test --limit 500 --top 5 --jpeg-quality 60 \
+    --thumbnails checkpoints/concepts/thumbnails-cifar10.safetensors
+done

@@ -144,7 +144,8 @@ def test_a_step_is_a_model_name_in_the_command_line_and_the_app_and_a_missing_on
         page.explain({"path": str(PHOTO)}, "vit-cifar10", "cvt-cifar10@7", **QUIET)
 
 
-def test_the_concepts_tab_says_when_each_concept_of_the_dictionary_across_the_run_was_born(cvt_run):
+@pytest.mark.parametrize("model", PAIR)
+def test_the_concepts_tab_says_when_each_concept_of_the_dictionary_across_the_run_was_born(model):
     """At the run's last step the Concepts tab offers the dictionary across the run, and its table says each shown
     concept's birth as `concepts evaluate` measured it (metrics.json beside the dictionary)."""
     import json
@@ -153,13 +154,14 @@ def test_the_concepts_tab_says_when_each_concept_of_the_dictionary_across_the_ru
     from vitviz.concepts.build import METRICS
     from vitviz.ui import concepts
 
-    name = f"cvt-cifar10@{cvt_run[-1].step}"
-    assert list(catalog.RUN_DICTIONARY_STEPS["cvt-cifar10"]) == [c.step for c in cvt_run]   # every kept step
-    assert "cvt-cifar10-training" in concepts.dictionaries_for(name)
-    births = json.loads((catalog.BUNDLED_DICTIONARIES["cvt-cifar10-training"].path / METRICS).read_text())["births"]
-    assert births["steps"] == list(catalog.RUN_DICTIONARY_STEPS["cvt-cifar10"])
-    key = page.explain({"path": str(PHOTO)}, "vit-cifar10", name, **QUIET).key
-    shown = concepts.render_concepts(key, "", "cvt-cifar10-training")
+    run = kept_run(model)
+    name = run[-1].name
+    assert list(catalog.RUN_DICTIONARY_STEPS[model]) == [c.step for c in run]   # every kept step
+    assert f"{model}-training" in concepts.dictionaries_for(name)
+    births = json.loads((catalog.BUNDLED_DICTIONARIES[f"{model}-training"].path / METRICS).read_text())["births"]
+    assert births["steps"] == list(catalog.RUN_DICTIONARY_STEPS[model])
+    key = page.explain({"path": str(PHOTO)}, "resnet-cifar10", name, **QUIET).key
+    shown = concepts.render_concepts(key, "", f"{model}-training")
     assert "*born at*" in shown.words_b and "| born at |" in shown.words_b
     rows = [line.split("|")[1:-1] for line in shown.words_b.splitlines() if line.startswith("| ") and "---" not in line]
     heads = [cell.strip() for cell in rows[0]]

@@ -198,7 +198,8 @@ def _across_run(model: str, steps: tuple[int, ...]) -> BundledDictionary:
 
 # the kept steps of a bundled model's training run that its dictionary across the run reads
 # (checkpoints/concepts/training.sh; `concepts.analysis.birth` says when each of its concepts is born)
-RUN_DICTIONARY_STEPS = {"cvt-cifar10": (0, 50, 100, 200, 391, 782, 1564, 2737, 3910, 4692)}
+RUN_DICTIONARY_STEPS = {model: (0, 50, 100, 200, 391, 782, 1564, 2737, 3910, 4692)
+                        for model in ("vit-cifar10", "cvt-cifar10")}
 
 BUNDLED_DICTIONARIES: dict[str, BundledDictionary] = {e.name: e for e in [
     BundledDictionary("vit-cifar10-last", ("vit-cifar10",), "vit-cifar10's last block, 768 concepts (TopK, k 16)"),
