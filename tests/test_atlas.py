@@ -435,3 +435,49 @@ def test_thumbnails_on_the_pages_are_jpegs(site):
     root, _, _, _ = site
     files = sorted((root / "images").rglob("*.jpg"))
     assert files and all(Image.open(io.BytesIO(f.read_bytes())).format == "JPEG" for f in files)
+
+
+def test_a_concept_across_models_shows_the_table_of_how_each_models_picture_excites_it(tmp_path):
+    """Of a dictionary across models, a concept's page and JSON show the table its pictures file holds, cell by
+    cell (a percentile not above 0 as a dash), with the strongest and weakest readings in words; without the table,
+    a sentence saying what to run."""
+    import shutil
+
+    from vitviz.atlas.facts import gather
+    from vitviz.atlas.pages import Context, concept_page, concept_record
+    from vitviz.concepts.files import folder_of
+    from vitviz.looks.alike import Tables
+
+    folder = tmp_path / "across"
+    shutil.copytree(folder_of("across-vit-cvt-cifar10"), folder, ignore=shutil.ignore_patterns("exemplars-*"))
+    models, sets = ("vit-cifar10", "cvt-cifar10"), ("shared", "vit-cifar10", "cvt-cifar10")
+    n = 3
+    encoded = jpegs(np.random.default_rng(1).random((n, 32, 32, 3)), np.ones((n, 32, 32)))
+    offsets = torch.tensor(np.concatenate([[0], np.cumsum([len(j) for j in encoded])]), dtype=torch.int64)
+    jpeg = torch.frombuffer(bytearray(b"".join(encoded)), dtype=torch.uint8)
+    pictures = Pictures(sets={name: (jpeg.clone(), offsets.clone(), torch.zeros(n, 2)) for name in sets}, n_concepts=n,
+                        settings={}, dictionary_sha256="-", seconds=0.0)
+    save_pictures(pictures, folder)
+    facts = gather(str(folder))
+    assert any("--alike` measures it" in p for p in facts.problems)
+    assert "--alike` measures it" in concept_page(facts, 1, Context(classes=None))
+
+    values = np.arange(n * 3 * 2, dtype=np.float64).reshape(n, 3, 2) / 4 + 0.25   # exact in float32
+    values[1, 2, 0] = np.nan
+    tables = Tables(sets=sets, models=models, values=values, percentiles=np.full((n, 2), 0.5),
+                    data="100 test images of cifar10")
+    save_pictures(Pictures(**{**vars(pictures), "tables": tables}), folder)
+    facts = gather(str(folder))
+    links = Links()
+    links.feed(concept_page(facts, 1, Context(classes=None)))
+    shown = "".join(links.text)
+    assert "Do the models see it alike?" in shown
+    for name, row in zip(("the shared picture", "vit-cifar10's own", "cvt-cifar10's own"), values[1]):
+        cells = [f"{v:.1f}x" if np.isfinite(v) else "–" for v in row]
+        assert name + "".join(cells) in shown
+    # the CvT's picture is not read in the ViT (its percentile there stands for one not above 0): one reading is left
+    assert ("vit-cifar10's picture excites concept 1 in cvt-cifar10 at 2.5x its 99th percentile on 100 test images "
+            "of cifar10.") in shown
+    record = concept_record(facts, 1, Context(classes=None))["alike"]
+    assert record["pictures"]["cvt-cifar10"] == {"vit-cifar10": None, "cvt-cifar10": pytest.approx(values[1, 2, 1])}
+    assert record["pictures"]["shared"]["vit-cifar10"] == pytest.approx(values[1, 0, 0])

@@ -378,9 +378,10 @@ def picture_colours(n: int, seed: int) -> np.ndarray:
     return np.broadcast_to(np.random.default_rng(seed).uniform(0.1, 0.9, (n, 1, 1, 3)), (n, 8, 8, 3)).astype(np.float32)
 
 
-def ship_pictures(folder: Path, sets: dict[str, np.ndarray]) -> None:
+def ship_pictures(folder: Path, sets: dict[str, np.ndarray], tables=None) -> None:
     """A pictures file beside the dictionary in `folder`, written by `looks.save_pictures` as a shipped one is: per
-    set (a model's name, or 'shared'), each concept's picture and a flat transparency map."""
+    set (a model's name, or 'shared'), each concept's picture and a flat transparency map; `tables`
+    (`looks.alike.Tables`) where given."""
     from vitviz.looks import Pictures, save_pictures
     from vitviz.looks.pictures import jpegs
 
@@ -392,7 +393,8 @@ def ship_pictures(folder: Path, sets: dict[str, np.ndarray]) -> None:
                       torch.zeros(len(images), 4))
     n = len(next(iter(sets.values())))
     save_pictures(Pictures(sets=made, n_concepts=n, dictionary_sha256="", seconds=0.0,
-                           settings={"method": "maco", "steps": 32, "copies": 2, "seed": 0, "canvas": None}), folder)
+                           settings={"method": "maco", "steps": 32, "copies": 2, "seed": 0, "canvas": None},
+                           tables=tables), folder)
 
 
 def tile_centre(card: np.ndarray, k: int, exemplars: int) -> np.ndarray:
@@ -407,12 +409,16 @@ def tile_centre(card: np.ndarray, k: int, exemplars: int) -> np.ndarray:
 def test_each_card_shows_the_picture_shipped_beside_its_dictionary_and_an_across_ones_shared_and_each_models(
         monkeypatch, tmp_path, across):
     from vitviz.looks import pictures_of
+    from vitviz.looks.alike import Tables
     own = tmp_path / "vit-own"   # a copy of the ViT's own dictionary, in the folder the across fixture allows
     own.mkdir()
     shutil.copy(catalog.BUNDLED_DICTIONARIES["vit-cifar10-last"].path / "concepts.safetensors", own)
     ship_pictures(own, {"vit-cifar10": picture_colours(768, seed=1)})
+    values = np.arange(64 * 3 * 2, dtype=np.float64).reshape(64, 3, 2) / 8   # exact in float32
+    tables = Tables(sets=("shared", *PAIR), models=PAIR, values=values, percentiles=np.ones((64, 2)),
+                    data="500 test images of cifar10")
     ship_pictures(Path(across), {"shared": picture_colours(64, 2), "vit-cifar10": picture_colours(64, 3),
-                                 "cvt-cifar10": picture_colours(64, 4)})
+                                 "cvt-cifar10": picture_colours(64, 4)}, tables)
     key = explained()
     drawn = recording(monkeypatch, "concept_card")
     shown = concepts.render_concepts(key, str(own), "cvt-cifar10-last")
@@ -442,6 +448,12 @@ def test_each_card_shows_the_picture_shipped_beside_its_dictionary_and_an_across
     picked, words, button = concepts.picked_at(0)(key, across, across, gr.SelectData(None, {"index": 0, "value": 0}))
     assert picked == (0, int(shown.concepts_a[0][1])) and not button.visible
     assert f"its pictures ship with {across} (MACO, 32 steps, seed 0; the shared one and each model's own)" in words
+    c = picked[1]   # the table shipped with the pictures, each picture's row
+    for label, row in zip(("shared", "vit's own", "cvt's own"), values[c]):
+        assert f"| {label} | {row[0]:.1f}x | {row[1]:.1f}x |" in words
+    assert (f"Most strongly, cvt-cifar10's picture excites concept {c} in vit-cifar10 at {values[c, 2, 0]:.1f}x its "
+            f"99th percentile on 500 test images of cifar10; least, vit-cifar10's picture excites concept {c} in "
+            f"cvt-cifar10 at {values[c, 1, 1]:.1f}x") in words
 
 
 @pytest.fixture

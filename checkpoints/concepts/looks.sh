@@ -5,7 +5,8 @@
 # root: `checkpoints/concepts/looks.sh` draws every bundled dictionary (vitviz.catalog.BUNDLED_DICTIONARIES, in its
 # order) that has no pictures yet, `REDRAW=1` all of them again, and named folders (`looks.sh across-cifar10
 # vit-cifar10-depths/block1`) just those. One command a dictionary, so an interrupted run keeps those it finished;
-# two runs over different folders share a 2-core machine well.
+# two runs over different folders share a 2-core machine well. A dictionary across models also gets its table of how
+# each model's picture excites each concept in every model (`--alike`, 500 CIFAR-10 test photos, under a minute).
 set -euo pipefail
 OUT=${OUT:-checkpoints/concepts}
 # one thread unless told otherwise: on the shared 2-core machine these were drawn on, a second intra-op thread mostly
@@ -27,4 +28,8 @@ for entry in catalog.BUNDLED_DICTIONARIES.values():
 fi
 for folder in "${FOLDERS[@]}"; do
   python -m vitviz looks --concepts "$OUT/$folder" --pictures --device cpu
+  # a dictionary across models: every concept's table of how each model's picture excites it in every model
+  if [ -f "$OUT/$folder/across.json" ]; then
+    python -m vitviz looks --concepts "$OUT/$folder" --alike --device cpu
+  fi
 done

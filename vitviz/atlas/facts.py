@@ -147,6 +147,9 @@ def gather(source: str, *, circuits: Iterable[Path] = (), matches: Iterable[Path
     if facts.pictures is None and not any("pictures" in p for p in facts.problems):
         facts.problems.append(f"No pictures of its concepts: `python -m vitviz looks --pictures --concepts "
                               f"{source}` draws them.")
+    elif facts.pictures is not None and facts.across and facts.pictures.tables is None:
+        facts.problems.append(f"No table of whether the models see each concept alike: `python -m vitviz looks "
+                              f"--concepts {source} --alike` measures it from the pictures.")
     metrics = None if folder is None else folder / "metrics.json"
     if metrics is not None and metrics.is_file():
         facts.metrics = json.loads(metrics.read_text())

@@ -14,9 +14,11 @@ import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from ..files import safe_name
+from ..looks.alike import PERCENTILE
 from .effects import ClassEffects, silence
 from .facts import Facts
 from .html import map_png, page, percent, signed, table, text
@@ -81,6 +83,7 @@ def concept_page(facts: Facts, concept: int, context: Context) -> str:
              + (f': <strong>{text(facts.kind_of(concept))}</strong>' if facts.kind_of(concept) else "") + '.'
              + _birth(facts, concept) + '</p>']
     parts.append(_pictures(facts, concept, root))
+    parts.append(_alike(facts, concept))
     parts.append(_frequencies(facts, concept))
     parts.append(_top_images(facts, concept, root))
     parts.append(_partners(facts, concept, context, root))
@@ -117,6 +120,26 @@ def _pictures(facts: Facts, concept: int, root: str) -> str:
     where = ", in every model at once and in each alone" if facts.across else ""
     return (f'<h2>What it looks like</h2><div class="row">{figures}</div><p class="note">Feature pictures (MACO): '
             f'the image that excites the concept most{where}.</p>')
+
+
+def _alike(facts: Facts, concept: int) -> str:
+    """Of a dictionary across models: how strongly each model's picture (and the shared one) excites the concept in
+    every model, over that model's 99th percentile on photos (`looks.alike`, measured with the pictures)."""
+    if not facts.across or not picture_sets(facts, concept):
+        return ""
+    found = facts.pictures.alike(concept, facts.source)
+    if found is None:
+        return f'<p class="missing">{text(next((p for p in facts.problems if "alike" in p), ""))}</p>'
+    ratio = lambda value: f"{value:.1f}x" if np.isfinite(value) else "–"
+    rows = ([["the shared picture", *map(ratio, found.shared)]] if found.shared is not None else []) + \
+        [[f"{text(model)}'s own", *map(ratio, values)] for model, values in zip(found.models, found.values)]
+    models = len(found.models)
+    return ("<h2>Do the models see it alike?</h2>"
+            + table(["picture \\ read in", *map(text, found.models)], rows, numbers=set(range(1, models + 1)),
+                    caption=f"Each picture's value of the concept in each model, over that model's "
+                            f"{PERCENTILE}th percentile on {text(found.data)} (1x: as strongly as the 1 % of photos "
+                            f"that excite it most there; –: below 0 on 99 % of them)")
+            + f'<p class="note">{text(found.summary())}</p>')
 
 
 def _set_words(name: str) -> str:
@@ -234,9 +257,22 @@ def concept_record(facts: Facts, concept: int, context: Context) -> dict:
         "name": facts.name(concept).words, "title": facts.title(concept), "kind": facts.kind_of(concept),
         "frac_nonzero": facts.frequency(concept), "activations": activations,
         "pictures": {name: picture_path(facts.slug, name, concept) for name in picture_sets(facts, concept)},
+        "alike": _alike_record(facts, concept),
         "matches": [vars(p) for p in facts.partners.get(concept, [])], "class_effects": effects,
         "class_circuits": [vars(n) for n in facts.circuit_nodes(concept)],
         "page": concept_path(facts.slug, concept)}
+
+
+def _alike_record(facts: Facts, concept: int) -> dict | None:
+    """The table of `_alike` as JSON: per picture, each model's value over its percentile (null: not defined)."""
+    found = facts.pictures.alike(concept, facts.source) if facts.across and picture_sets(facts, concept) else None
+    if found is None:
+        return None
+    row = lambda values: {m: float(v) if np.isfinite(v) else None for m, v in zip(found.models, values)}
+    return {"data": found.data, "percentile": PERCENTILE,
+            "percentiles": row(found.percentiles),
+            "pictures": {**({"shared": row(found.shared)} if found.shared is not None else {}),
+                         **{m: row(values) for m, values in zip(found.models, found.values)}}}
 
 
 def dictionary_page(facts: Facts) -> str:

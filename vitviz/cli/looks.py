@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 from tqdm import tqdm
 
 from ..files import png_bytes, write_atomic
@@ -56,33 +57,69 @@ def models_of(args) -> list[str]:
     return list(models)
 
 
-def cmd_looks(args) -> int:
+def bar_progress(bar):
+    """A `progress(done, all)` callback moving a tqdm bar."""
+    def progress(done: int, total: int) -> None:
+        bar.total = total
+        bar.update(done - bar.n)
+    return progress
+
+
+def every_concept(args) -> int:
+    """--pictures: every concept's pictures drawn and written beside the dictionary; --alike (of a dictionary across
+    models): every concept's table of how each model's picture excites it in every model, written into the same file
+    (after drawing, with both)."""
+    from dataclasses import replace
+
     from ..concepts.files import folder_of
-    from ..looks import LooksError, Settings, draw, transparent
-    from ..looks.alike import PERCENTILE
+    from ..looks import pictures_of
+    from ..looks.alike import PERCENTILE, tables
     from ..looks.pictures import make_pictures, save_pictures
 
+    folder = folder_of(args.concepts)
+    if folder is None:
+        raise UsageError(f"{args.concepts} is no dictionary folder here: the pictures are written beside a dictionary")
+    if args.pictures:
+        with tqdm(desc="pictures", unit="picture", file=sys.stderr) as bar:
+            pictures = make_pictures(args.concepts, limit=args.limit, device=args.device or "cpu",
+                                     progress=bar_progress(bar), bar=False)
+        path = save_pictures(pictures, folder)
+        print(f"{pictures.n_concepts} concepts' pictures ({', '.join(pictures.sets)}) drawn in "
+              f"{pictures.seconds:.0f} s, written to {path}")
+    else:
+        pictures = pictures_of(args.concepts)
+        if pictures is None:
+            raise UsageError(f"{args.concepts} has no pictures yet: draw them first (--pictures, with --alike to "
+                             f"measure the table after)")
+    if args.alike:
+        with tqdm(desc="models read", unit="model", file=sys.stderr) as bar:
+            found = tables(args.concepts, pictures, data=args.data, device=args.device or "cpu",
+                           progress=bar_progress(bar))
+        path = save_pictures(replace(pictures, tables=found), folder)
+        own = np.diagonal(found.values[:, [found.sets.index(m) for m in found.models]], axis1=1, axis2=2)
+        print(f"How each model's picture of {pictures.n_concepts} concepts excites them in every model, over its "
+              f"{PERCENTILE}th percentile on {found.data}, written to {path}; each model's picture in its own model, "
+              f"median: " + ", ".join(f"{m} {v:.2f}x" for m, v in zip(found.models, np.nanmedian(own, axis=0))))
+    return 0
+
+
+def cmd_looks(args) -> int:
+    from ..looks import LooksError, Settings, draw, transparent
+    from ..looks.alike import PERCENTILE
+
     try:
-        if args.pictures:
+        if args.pictures or (args.alike and not args.ids):
             if args.concepts is None or args.ids or args.unit or args.channel or args.label:
-                raise UsageError("--pictures draws every concept of a dictionary: give --concepts DICT alone")
-            with tqdm(desc="pictures", unit="picture", file=sys.stderr) as bar:
-                def progress(done: int, total: int) -> None:
-                    bar.total = total
-                    bar.update(done - bar.n)
-                pictures = make_pictures(args.concepts, limit=args.limit, device=args.device or "cpu",
-                                         progress=progress, bar=False)
-            path = save_pictures(pictures, folder_of(args.concepts))
-            print(f"{pictures.n_concepts} concepts' pictures ({', '.join(pictures.sets)}) drawn in "
-                  f"{pictures.seconds:.0f} s, written to {path}")
-            return 0
+                raise UsageError("--pictures draws every concept of a dictionary (and --alike alone measures how its "
+                                 "models see each): give --concepts DICT alone")
+            return every_concept(args)
         if args.alike:
-            if args.concepts is None or not args.ids or args.unit or args.channel or args.label:
+            if args.concepts is None or args.unit or args.channel or args.label:
                 raise UsageError("--alike reads concepts of a dictionary across models: give --concepts DICT "
-                                 "--ids N...")
+                                 "[--ids N...]")
             from ..looks import alike
             for concept in args.ids:
-                table = alike(args.concepts, concept, device=args.device or "cpu")
+                table = alike(args.concepts, concept, data=args.data, device=args.device or "cpu")
                 print(f"concept {concept} of {args.concepts}: each model's own picture read in every model, over its "
                       f"{PERCENTILE}th percentile on {table.data}\n{table.table()}\n{table.words()}\n")
             return 0
@@ -136,5 +173,7 @@ def add_parser(sub) -> None:
     p.add_argument("--limit", type=int, default=None, help="with --pictures: the first N concepts alone")
     p.add_argument("--alike", action="store_true",
                    help="with --concepts ACROSS --ids N...: how strongly each model's own picture excites the concept "
-                        "in every model, over that model's 99th percentile on CIFAR-10's test photos")
+                        "in every model, over that model's 99th percentile on the data's test photos; without --ids: "
+                        "every concept's, from its shipped pictures, written into looks.safetensors")
+    p.add_argument("--data", default="cifar10", help="with --alike: the photos the percentiles are taken over")
     p.set_defaults(run=cmd_looks)

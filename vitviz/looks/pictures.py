@@ -20,9 +20,12 @@ The file, `looks.safetensors` (`FILE`), one safetensors file:
     tensors  <set>.jpeg (uint8: each concept's picture, then its transparency map, as JPEG, concatenated),
              <set>.offsets (2n+1 int64: picture i is jpeg[o[2i]:o[2i+1]], its map jpeg[o[2i+1]:o[2i+2]]),
              <set>.curve (n steps float32: each picture's objective before each step)
+             alike.values, alike.percentiles (a dictionary across models, where measured: `alike.Tables`, n S M and
+             n M float32; NaN where a model's percentile is not above 0)
     __metadata__ {"vitviz_looks": JSON}: format "vitviz-looks", version, sets, n_concepts, settings (method and its
              settings, steps, copies, seed, canvas), dictionary_sha256 (as `concepts.files.own.checksum`), seconds
-             (the drawing's wall time), drawing (`draw.DRAWING`, the revision of the drawing that made them)
+             (the drawing's wall time), drawing (`draw.DRAWING`, the revision of the drawing that made them),
+             alike (where measured: the tables' sets, models, data and percentile)
 
 Version 2 added `drawing`; a version 1 file is read as drawing 1 (the standardised phase alone and seeds by concept
 number: a dark corner in every picture, docs/looks.md), and `Pictures.current` says whether a file's pictures are
@@ -47,6 +50,7 @@ from ..concepts import Across, ConceptsError, load as load_dictionary
 from ..concepts.files import folder_of
 from ..concepts.files.own import checked_format, checksum, header_json
 from ..files import write_atomic
+from .alike import PERCENTILE, SHARED, Alike, Tables
 from .draw import DRAWING, Progress, Settings, draw, transparent
 from .images import Maco
 from .targets import Concept, LooksError
@@ -54,7 +58,6 @@ from .targets import Concept, LooksError
 FORMAT, VERSION = "vitviz-looks", 2
 FILE = "looks.safetensors"
 HEADER_KEY = "vitviz_looks"
-SHARED = "shared"
 SETTINGS = Settings(method=Maco(canvas=1.0, box=(0.8, 1.0)), steps=32, copies=2, seed=0)
 BATCH = 64                     # concepts drawn at once
 JPEG_QUALITY = 90              # 4:4:4 (no chroma subsampling): a 32 px picture in about 1.3 KB
@@ -69,6 +72,7 @@ class Pictures:
     dictionary_sha256: str
     seconds: float
     drawing: int = DRAWING   # the drawing's revision that made them (`draw.DRAWING`)
+    tables: Tables | None = None   # a dictionary across models': how each picture excites the concept in each model
 
     @property
     def current(self) -> bool:
@@ -93,6 +97,11 @@ class Pictures:
         a, b, c = (int(v) for v in offsets[2 * concept:2 * concept + 3])
         decode = lambda part: np.asarray(Image.open(io.BytesIO(part.numpy().tobytes())))
         return decode(jpeg[a:b]), decode(jpeg[b:c])
+
+    def alike(self, concept: int, dictionary: str = "") -> Alike | None:
+        """Concept `concept`'s table of how each model's picture (and the shared one) excites it in every model, or
+        None where none was measured (`vitviz looks --concepts ACROSS --alike`)."""
+        return None if self.tables is None else self.tables.of(dictionary, concept)
 
     def transparent(self, concept: int, model: str | None = None) -> np.ndarray:
         """The picture with its transparency map applied (`draw.transparent`): h w 4 uint8 RGBA."""
@@ -163,9 +172,16 @@ def save_pictures(pictures: Pictures, folder: str | Path) -> Path:
     tensors = {}
     for name, (jpeg, offsets, curve) in pictures.sets.items():
         tensors |= {f"{name}.jpeg": jpeg, f"{name}.offsets": offsets, f"{name}.curve": curve.float().contiguous()}
+    tables = pictures.tables
+    if tables is not None:
+        tensors |= {"alike.values": torch.from_numpy(tables.values).float(),
+                    "alike.percentiles": torch.from_numpy(tables.percentiles).float()}
     header = {"format": FORMAT, "version": VERSION, "sets": list(pictures.sets), "n_concepts": pictures.n_concepts,
               "settings": pictures.settings, "dictionary_sha256": pictures.dictionary_sha256,
               "seconds": round(pictures.seconds, 1), "drawing": pictures.drawing, "sha256": checksum(tensors)}
+    if tables is not None:
+        header["alike"] = {"sets": list(tables.sets), "models": list(tables.models), "data": tables.data,
+                           "percentile": PERCENTILE}
     path = Path(folder) / FILE
     write_atomic(path, save_tensors(tensors, {HEADER_KEY: json.dumps(header)}))
     return path
@@ -195,6 +211,18 @@ def pictures_of(source: str | Path) -> Pictures | None:
         if len(offsets) != 2 * n + 1 or int(offsets[-1]) != len(jpeg) or len(curve) != n:
             raise LooksError(f"{path} is not sound: its {name} pictures do not hold {n} concepts; draw them again.")
         sets[name] = (jpeg, offsets, curve)
+    tables = None
+    if "alike" in header:
+        record = header["alike"]
+        values, percentiles = tensors.get("alike.values"), tensors.get("alike.percentiles")
+        shape = (n, len(record["sets"]), len(record["models"]))
+        if values is None or percentiles is None or tuple(values.shape) != shape or \
+                tuple(percentiles.shape) != (n, shape[2]):
+            raise LooksError(f"{path} is not sound: its table of how the models see each concept is not of {n} "
+                             f"concepts' pictures; measure it again (vitviz looks --concepts ... --alike).")
+        tables = Tables(sets=tuple(record["sets"]), models=tuple(record["models"]), values=values.double().numpy(),
+                        percentiles=percentiles.double().numpy(), data=record["data"])
     return Pictures(sets=sets, n_concepts=n, settings=header["settings"],
                     dictionary_sha256=header["dictionary_sha256"], seconds=float(header["seconds"]),
-                    drawing=int(header.get("drawing", 1)))   # version 1 files: drawn before `drawing` was recorded
+                    drawing=int(header.get("drawing", 1)),   # version 1 files: drawn before `drawing` was recorded
+                    tables=tables)

@@ -124,12 +124,27 @@ def words(key, asked: Asked, what: str) -> str:
         made, across = found.settings, len(found.sets) > 1
         return (f"{what}: its {'pictures ship' if across else 'picture ships'} with {asked.source} "
                 f"({method_words(made['method'])}, {made['steps']} steps, seed {made['seed']}"
-                + ("; the shared one and each model's own" if across else "") + ").")
+                + ("; the shared one and each model's own" if across else "") + ")."
+                + alike_words(found.alike(asked.concept, asked.source)))
     s = settings()
     where = " and ".join(asked.models) + (" at once, then in each alone" if len(asked.models) > 1 else "")
     return (f"{what}: no picture of it ships with {asked.source}. **Draw this concept** draws one in {where} "
             f"({method_words(s.method.name)}, {s.steps} steps of {s.copies} crop{'s' * (s.copies > 1)}, seed {s.seed}; "
             f"{gpu.duration_words(estimate(key, asked))}).")
+
+
+def alike_words(found) -> str:
+    """Whether the models see a concept alike (`looks.Alike`, shipped with the pictures), as a Markdown table: how
+    strongly each picture excites the concept in each model, over that model's 99th percentile on photos."""
+    if found is None:
+        return ""
+    ratio = lambda value: f"{value:.1f}x" if np.isfinite(value) else "–"
+    names = short_names(found.models)
+    rows = ([("shared", found.shared)] if found.shared is not None else []) + \
+        [(f"{name}'s own", values) for name, values in zip(names, found.values)]
+    lines = ["| picture \\ read in | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|",
+             *(f"| {label} | " + " | ".join(map(ratio, values)) + " |" for label, values in rows)]
+    return "\n\n" + "\n".join(lines) + f"\n\n{found.summary()}"
 
 
 def draw(key, asked: Asked, progress=None) -> list[gpu.Picture]:
