@@ -14,6 +14,7 @@ import json
 import re
 from html.parser import HTMLParser
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import numpy as np
 import pytest
@@ -135,7 +136,7 @@ def test_every_local_link_and_image_of_the_site_resolves(site):
     checked = 0
     for page in pages:
         for tag, ref, _ in parsed(page).refs:
-            if ref.startswith("data:") or ref == "https://example.org/app":
+            if ref.startswith(("data:", "https://example.org/app?")) or ref == "https://example.org/app":
                 continue
             target = (page.parent / ref.split("#")[0]).resolve()
             assert target.is_file() and root.resolve() in target.parents, f"{page.name}: {tag} {ref} is not in the site"
@@ -164,6 +165,8 @@ def test_a_concept_page_holds_its_number_pictures_images_and_models(site):
         assert f"Concept {concept} of" in text and "synthetic" in text
         sources = [ref for tag, ref, _ in links.refs if tag == "img"]
         assert f"../../tiny/pictures/synthetic-{concept}.jpg" in sources
+        opening = next(ref for tag, ref, _ in links.refs if tag == "a" and ref.startswith("https://example.org/app"))
+        assert parse_qs(urlsplit(opening).query) == {"dictionary": [str(folder)], "concept": [str(concept)]}
         expected = [e for e in index.of(concept)]
         shown = [ref for ref in sources if "/images/" in ref]
         assert [int(Path(ref).stem) for ref in shown] == [e.index for e in expected]

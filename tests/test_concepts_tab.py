@@ -133,7 +133,7 @@ def test_the_cards_draw_photo_pys_reading_its_exemplars_and_removals_on_the_bund
     overlays, tiles = recording(monkeypatch, "cell_overlay"), recording(monkeypatch, "exemplar_tile")
     drawn = recording(monkeypatch, "concept_card")
     shown = concepts.render_concepts(key, *allowed)
-    kept = shared.session(key).reading(("concepts", *allowed))
+    kept = concepts.reading(key, *allowed, compute=False)
     for side, (name, source, cards) in enumerate(zip(PAIR, allowed, (shown.concepts_a, shown.concepts_b))):
         run, reference = local_reading(name, source)
         order = shown_order(reference)
@@ -273,7 +273,7 @@ def test_two_separate_dictionaries_show_their_matched_pairs_from_a_match_beside_
             firing=(torch.zeros(768, dtype=torch.float64),) * 2, rows=100, images=10, skipped=0,
             min_rows=10).save(tmp_path / f"match-{folders[1].name}-{folders[0].name}")   # saved the other way round
     shown = concepts.render_concepts(key, *sources)
-    column = shared.session(key).reading(("concepts", *sources)).columns[0]
+    column = concepts.reading(key, *sources, compute=False).columns[0]
     for k, concept in enumerate(column.concepts.tolist()):
         partner = column.partners[k]
         if concept in top_a:
@@ -310,14 +310,14 @@ def test_a_click_lists_the_concepts_active_at_the_token_under_it_in_both_models(
 def test_one_model_pass_per_photo_and_dictionaries_and_redrawing_or_clicking_runs_none(monkeypatch):
     key = explained()
     asked, compute = [], gpu.concepts
-    monkeypatch.setattr(gpu, "concepts", lambda names, picture, pixels, sources, prompts=None:
-                        asked.append(list(sources)) or compute(names, picture, pixels, sources, prompts))
+    monkeypatch.setattr(gpu, "concepts", lambda names, picture, pixels, sources, prompts=None, pinned=None:
+                        asked.append(list(sources)) or compute(names, picture, pixels, sources, prompts, pinned))
     first = concepts.render_concepts(key, *DICTIONARIES)
     assert asked == [list(DICTIONARIES)]
     for name, line in zip(DICTIONARIES, first.note.split("\n\n")):   # the held-out FVU in metrics.json beside each
         fvu = json.loads((catalog.BUNDLED_DICTIONARIES[name].path / "metrics.json").read_text())["fvu"]
         assert f"through **{name}** (" in line and f"; held-out FVU {fvu:.3f})" in line
-    found = shared.session(key).reading(("concepts", *DICTIONARIES))
+    found = concepts.reading(key, *DICTIONARIES, compute=False)
     crossed = pickle.dumps(found)   # as ZeroGPU's worker hands it back: plain data, no weights
     assert len(crossed) < 2_000_000 and b"torch.nn" not in crossed and b"Parameter" not in crossed
     np.testing.assert_array_equal(pickle.loads(crossed).columns[1].maps, found.columns[1].maps)
@@ -327,7 +327,7 @@ def test_one_model_pass_per_photo_and_dictionaries_and_redrawing_or_clicking_run
     assert first.note == again.note and np.array_equal(first.concepts_b[0][0], again.concepts_b[0][0])
     assert "cell (" in concepts.concepts_at(key, (200.0, 150.0), *DICTIONARIES)
     closed = concepts.Shown(*(gr.skip(),) * len(concepts.Shown._fields))   # a closed tab draws nothing
-    assert concepts.concepts_if_open(key, *DICTIONARIES, False) == closed
+    assert concepts.concepts_if_open(key, *DICTIONARIES, None, False) == closed
     assert concepts.render_concepts(None, *DICTIONARIES).note == concepts.WAITING
 
 
@@ -445,7 +445,8 @@ def test_each_card_shows_the_picture_shipped_beside_its_dictionary_and_an_across
         for k, seed in enumerate((2, 3, 4)):
             colour = np.round(picture_colours(64, seed)[c, 0, 0] * 255)
             assert np.abs(tile_centre(card, k, 0) - colour).max() <= 12
-    picked, words, button = concepts.picked_at(0)(key, across, across, gr.SelectData(None, {"index": 0, "value": 0}))
+    picked, words, button = concepts.picked_at(0)(key, across, across, None,
+                                                  gr.SelectData(None, {"index": 0, "value": 0}))
     assert picked == (0, int(shown.concepts_a[0][1])) and not button.visible
     assert f"its pictures ship with {across} (MACO, 32 steps, seed 0; the shared one and each model's own)" in words
     c = picked[1]   # the table shipped with the pictures, each picture's row
@@ -472,8 +473,9 @@ def test_draw_this_concept_draws_what_the_library_draws_once_and_puts_it_on_both
     key = explained()
     first = concepts.render_concepts(key, across, across)
     with pytest.raises(gr.Error, match="click a card first"):
-        concepts.draw_picked(key, across, across, None, **QUIET)
-    picked, words, button = concepts.picked_at(1)(key, across, across, gr.SelectData(None, {"index": 0, "value": 0}))
+        concepts.draw_picked(key, across, across, None, None, **QUIET)
+    picked, words, button = concepts.picked_at(1)(key, across, across, None,
+                                                  gr.SelectData(None, {"index": 0, "value": 0}))
     concept = picked[1]
     assert picked == (1, int(first.concepts_b[0][1])) and button.visible
     assert (f"no picture of it ships with {across}. **Draw this concept** draws one in vit-cifar10 and cvt-cifar10 "
@@ -481,7 +483,7 @@ def test_draw_this_concept_draws_what_the_library_draws_once_and_puts_it_on_both
     calls, draw = [], gpu.draw_pictures
     monkeypatch.setattr(gpu, "draw_pictures", lambda *a, **k: calls.append((a, k)) or draw(*a, **k))
     drawn, heard = recording(monkeypatch, "concept_card"), []
-    cards_a, cards_b, words, button = concepts.draw_picked(key, across, across, picked,
+    cards_a, cards_b, words, button = concepts.draw_picked(key, across, across, None, picked,
                                                            progress=lambda f, desc=None: heard.append(desc))
     assert len(calls) == 1 and not button.visible and "drawn in" in words
     assert heard[0].startswith(f"drawing concept {concept} of {across}: about") and heard[-1] == "step 9 of 9"
@@ -494,8 +496,9 @@ def test_draw_this_concept_draws_what_the_library_draws_once_and_puts_it_on_both
         for (_, picture), reference in zip(options["pictures"], references):
             np.testing.assert_array_equal(picture, reference.images[0])
     # kept in the session: drawing or picking it again runs no model, and the card keeps its pictures
-    concepts.draw_picked(key, across, across, picked, **QUIET)
-    picked, words, button = concepts.picked_at(1)(key, across, across, gr.SelectData(None, {"index": 0, "value": 0}))
+    concepts.draw_picked(key, across, across, None, picked, **QUIET)
+    picked, words, button = concepts.picked_at(1)(key, across, across, None,
+                                                  gr.SelectData(None, {"index": 0, "value": 0}))
     assert len(calls) == 1 and not button.visible and "its pictures were drawn here" in words
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlencode
 
 import numpy as np
 import torch
@@ -24,6 +25,7 @@ from .facts import Facts
 from .html import map_png, page, percent, signed, table, text
 
 APP = "../../../"   # the app's page from a concept's page when the app serves the site under /atlas
+APP_QUERY = ("dictionary", "concept")   # a link opening the app on a concept (`app_address`; the app: ui/linked.py)
 
 
 def concept_path(slug: str, concept: int) -> str:
@@ -68,6 +70,11 @@ class Context:
         return f'<a href="{root}{class_path(facts.slug, self.classes.index(name), name)}">{text(name)}</a>'
 
 
+def app_address(app: str, source: str, concept: int) -> str:
+    """The app at `app`, opened on concept `concept` of the dictionary `source`."""
+    return f"{app}?{urlencode(dict(zip(APP_QUERY, (source, concept))))}"
+
+
 def picture_sets(facts: Facts, concept: int) -> list[str]:
     """The sets of pictures concept `concept` has, the shared one first (none where the pictures file holds fewer
     concepts: `looks --pictures --limit`)."""
@@ -92,8 +99,8 @@ def concept_page(facts: Facts, concept: int, context: Context) -> str:
     neighbours = [f'<a href="{root}{concept_path(facts.slug, c)}">{label}</a>'
                   for c, label in ((concept - 1, "← previous"), (concept + 1, "next →")) if 0 <= c < facts.n_concepts]
     parts.append(f'<p class="links">{" · ".join(neighbours)} · <a href="{concept}.json">this concept as JSON</a>'
-                 f'<span class="app"> · <a href="{text(context.app)}">open the app</a> (the Concepts tab finds it on a '
-                 f'photo)</span></p>')
+                 f'<span class="app"> · <a href="{text(app_address(context.app, facts.source, concept))}">open the '
+                 f'app on it</a> (its card comes first in the Concepts tab, on any photo)</span></p>')
     return page(title=f"{name.title} · {facts.source}", root=root, heading=name.title,
                 body="\n".join(p for p in parts if p))
 

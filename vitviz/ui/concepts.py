@@ -36,6 +36,8 @@ WORDS = ("**What each model represents, one concept at a time.** A concept dicti
 WAITING = "Press **Explain** first: this panel reads both models on the image."
 POINT_WORDS = "Click the photo (the input image at the top) to list the concepts active at that place in both models."
 PICK_WORDS = "Click a card to pick its concept: where its pictures come from, or **Draw this concept** where none ship."
+PINNED_WORDS = ("Opened on **concept {concept}** of **{dictionary}**: explain any photo and its card comes first in "
+                "each column that reads {dictionary}, where it fires on the photo over its top images.")
 TOKENS = {"patch": "patch tokens", "patch+cls": "patch and class tokens", "cls": "class token", "position": "positions"}
 
 
@@ -76,15 +78,17 @@ def dictionary_box(model: str, current: str | None = None) -> gr.Dropdown:
     return gr.Dropdown(choices=offered, value=default_dictionary(model), allow_custom_value=True)
 
 
-def reading(key, dictionary_a, dictionary_b, *, compute: bool = True) -> gpu.Concepts | None:
-    """Both models' concepts through the two dictionaries: one `gpu.concepts` call the first time, kept in the
-    session per pair of dictionaries (without `compute`, the kept one or None)."""
+def reading(key, dictionary_a, dictionary_b, pinned=None, *, compute: bool = True) -> gpu.Concepts | None:
+    """Both models' concepts through the two dictionaries, a link's `pinned` concept first (`linked.py`): one
+    `gpu.concepts` call the first time, kept per dictionaries and pin (without `compute`, the kept one or None)."""
     kept = session(key)
     sources = tuple(gpu.dictionary_source(d) for d in (dictionary_a, dictionary_b))
+    pin = None if not pinned else (gpu.dictionary_source(pinned[0]), int(pinned[1]))
 
     def read():
-        return gpu.concepts(kept.names, kept.picture, [run.pixels for run in kept.runs], list(sources), kept.prompts)
-    return kept.reading(("concepts", *sources), read if compute else None)
+        return gpu.concepts(kept.names, kept.picture, [run.pixels for run in kept.runs], list(sources), kept.prompts,
+                            pin)
+    return kept.reading(("concepts", *sources, pin), read if compute else None)
 
 
 def percent(p: float, digits: int | None = None) -> str:
@@ -274,12 +278,12 @@ def shared_words(found: gpu.Concepts) -> str:
     return ""
 
 
-def render_concepts(key, dictionary_a, dictionary_b) -> Shown:
+def render_concepts(key, dictionary_a, dictionary_b, pinned=None) -> Shown:
     """Both models' concepts on the photo through the two dictionaries (a model pass the first time, through
     `gpu.concepts`; kept afterwards): the cards of each column and the words."""
     if key is None:
         return Shown(WAITING, [], [], "", "", "")
-    runs_, found = runs(key), reading(key, dictionary_a, dictionary_b)
+    runs_, found = runs(key), reading(key, dictionary_a, dictionary_b, pinned)
     (cards_a, words_a), (cards_b, words_b) = (cards(key, run, found, side) for side, run in enumerate(runs_))
     lines = [column_words(run, column) for run, column in zip(runs_, found.columns)] + [shared_words(found)]
     return Shown("\n\n".join(line for line in lines if line), cards_a, cards_b, words_a, words_b, POINT_WORDS)
@@ -294,14 +298,14 @@ def cell_at(column: gpu.ConceptReading, where: tuple[float, float]) -> int | Non
     return int((y - y0) / (y1 - y0) * gh) * gw + int((x - x0) / (x1 - x0) * gw)
 
 
-def concepts_at(key, point, dictionary_a, dictionary_b) -> str:
+def concepts_at(key, point, dictionary_a, dictionary_b, pinned=None) -> str:
     """A click on the input image: the concepts active at that place in both models, from the kept reading (with
     one dictionary across both, those active there in both are marked)."""
     if key is None:
         return WAITING
     if point is None:
         return POINT_WORDS
-    kept, found = session(key), reading(key, dictionary_a, dictionary_b, compute=False)
+    kept, found = session(key), reading(key, dictionary_a, dictionary_b, pinned, compute=False)
     if found is None:
         return "Press **Read the concepts** first, then click the photo."
     active = []
@@ -332,8 +336,8 @@ def concepts_at(key, point, dictionary_a, dictionary_b) -> str:
 def picked_at(side: int) -> Callable:
     """The handler of a click on one column's card: its concept picked ((side, concept)), the line on its pictures,
     and the draw button shown where it has none."""
-    def pick(key, dictionary_a, dictionary_b, evt: gr.SelectData):
-        found = None if key is None else reading(key, dictionary_a, dictionary_b, compute=False)
+    def pick(key, dictionary_a, dictionary_b, pinned, evt: gr.SelectData):
+        found = None if key is None else reading(key, dictionary_a, dictionary_b, pinned, compute=False)
         if found is None or isinstance(found.columns[side], str):
             return gr.skip(), gr.skip(), gr.skip()
         column, k = found.columns[side], int(evt.index)
@@ -344,19 +348,24 @@ def picked_at(side: int) -> Callable:
     return pick
 
 
-def draw_picked(key, dictionary_a, dictionary_b, picked, progress=gr.Progress()) -> tuple:
+def draw_picked(key, dictionary_a, dictionary_b, pinned, picked, progress=gr.Progress()) -> tuple:
     """"Draw this concept": the picked card's pictures (a GPU call the first time; kept in the session), and both
     columns' cards drawn again with them."""
-    found = None if key is None else reading(key, dictionary_a, dictionary_b, compute=False)
+    found = None if key is None else reading(key, dictionary_a, dictionary_b, pinned, compute=False)
     if found is None or not picked:
         raise gr.Error("Read the concepts and click a card first, then press Draw this concept.")
     side, concept = picked
     column = found.columns[side]
     asked = card_asked(key, found, side, concept)
     drawn = pictures.draw(key, asked, progress)
-    shown = render_concepts(key, dictionary_a, dictionary_b)
+    shown = render_concepts(key, dictionary_a, dictionary_b, pinned)
     what = f"**{column.names[list(column.concepts).index(concept)].title}** ({runs(key)[side].name})"
     return shown.concepts_a, shown.concepts_b, pictures.drawn_words(drawn, what), gr.Button(visible=False)
+
+
+def pick_line(pinned) -> str:
+    """The line above the cards while none is picked: what to click, or the concept a link pinned."""
+    return PICK_WORDS if not pinned else PINNED_WORDS.format(dictionary=pinned[0], concept=pinned[1])
 
 
 def concepts_open(evt: gr.SelectData) -> bool:
@@ -364,21 +373,23 @@ def concepts_open(evt: gr.SelectData) -> bool:
     return evt.value == TITLE
 
 
-def after_explain(key, dictionary_a, dictionary_b) -> tuple:
+def after_explain(key, dictionary_a, dictionary_b, pinned=None) -> tuple:
     """A new Explain: each column's dictionary box for its model, and nothing drawn of the last photo."""
     names = session(key).names
     return (dictionary_box(names[0], dictionary_a), dictionary_box(names[1], dictionary_b), "", [], [], "", "",
             POINT_WORDS)
 
 
-def concepts_if_open(key, dictionary_a, dictionary_b, is_open: bool) -> Shown:
-    return render_concepts(key, dictionary_a, dictionary_b) if is_open else Shown(*(gr.skip(),) * len(Shown._fields))
+def concepts_if_open(key, dictionary_a, dictionary_b, pinned, is_open: bool) -> Shown:
+    skipped = Shown(*(gr.skip(),) * len(Shown._fields))
+    return render_concepts(key, dictionary_a, dictionary_b, pinned) if is_open else skipped
 
 
 @dataclass
 class ConceptsTab:
     explained: Callable   # (an Explain's event, whether its endpoints are the documented ones) -> None
     on_point: tuple       # (handler, inputs, outputs) for a click on the input image
+    linked: tuple         # what a link to a concept sets (`linked.py`): the dictionary boxes, pin, pick line, is_open
 
 
 def layout(page: Page) -> ConceptsTab:
@@ -409,10 +420,11 @@ def layout(page: Page) -> ConceptsTab:
                                       elem_classes="concept-table")
 
     with tab:   # not among the top-level Tabs' children, which Gradio's frontend counts as its tabs' indices
-        is_open, picked = gr.State(False), gr.State(None)
-    inputs, outputs = [key, dictionary_a, dictionary_b], [note, concepts_a, concepts_b, words_a, words_b, point_words]
-    unpicked = dict(fn=lambda: (None, PICK_WORDS, gr.Button(visible=False)), outputs=[picked, pick_words, draw],
-                    api_name=None, **INSTANT, **HIDDEN)   # new cards: none picked
+        is_open, picked, pinned = gr.State(False), gr.State(None), gr.State(None)
+    inputs, outputs = [key, dictionary_a, dictionary_b, pinned], [note, concepts_a, concepts_b, words_a, words_b,
+                                                                  point_words]
+    unpicked = dict(fn=lambda pin: (None, pick_line(pin), gr.Button(visible=False)), inputs=[pinned],
+                    outputs=[picked, pick_words, draw], api_name=None, **INSTANT, **HIDDEN)   # new cards: none picked
     read.click(as_files(render_concepts), inputs=inputs, outputs=outputs, api_name="concepts",
                **MODEL_EVENTS).then(**unpicked)
     tab.select(as_files(render_concepts), inputs=inputs, outputs=outputs, api_name=None, **MODEL_EVENTS,
@@ -433,5 +445,6 @@ def layout(page: Page) -> ConceptsTab:
         chosen.success(as_files(concepts_if_open), inputs=[*inputs, is_open], outputs=outputs, api_name=None,
                        **MODEL_EVENTS, **HIDDEN)
 
-    on_point = (concepts_at, [key, point, dictionary_a, dictionary_b], [point_words])
-    return ConceptsTab(explained=explained, on_point=on_point)
+    on_point = (concepts_at, [key, point, dictionary_a, dictionary_b, pinned], [point_words])
+    linked = (dictionary_a, dictionary_b, pinned, pick_words, is_open)
+    return ConceptsTab(explained=explained, on_point=on_point, linked=linked)

@@ -28,6 +28,7 @@ from . import (
     download,
     features,
     gpu,
+    linked,
     tokens,
     training as training_tab,
     video,
@@ -312,6 +313,8 @@ def build(vit: str, cvt: str, notice: str = "", at_hand: set[str] | None = None)
             listen(prompt_box, inputs=[model_a, model_b], outputs=[prompts], **INSTANT, **HIDDEN)
             listen(training_controls, inputs=[model_a, model_b], outputs=[training_at], **INSTANT,
                    **HIDDEN)
+        demo.load(linked.opened, inputs=[model_a, model_b], outputs=[model_a, model_b, tabs, *concepts_parts.linked],
+                  api_name=None, **INSTANT, **HIDDEN)   # `?dictionary=...&concept=...`: a link opening it on a concept
         gr.api(stats, api_name="stats", concurrency_limit=None)
     return demo
 

@@ -290,12 +290,13 @@ def column_reading(run: ModelRun, reader: Reader, photo: PhotoConcepts, shown: n
 
 @gpu(duration=CONCEPTS_S)
 def concepts(names: list[str], picture: Image.Image, pixels: list[torch.Tensor], sources: list[str],
-             prompts: list[str] | None = None) -> Concepts:
+             prompts: list[str] | None = None, pinned: tuple[str, int] | None = None) -> Concepts:
     """The two models' concepts on their `pixels` of `picture`, through the dictionaries `sources[i]`
     (`dictionary_source`'s; one source for both: one concept space, read as a dictionary across models where it
     is one): a traced forward each, the codes and each top concept removed (`photo.Reader.read`), each shown
     concept's top images from its exemplar index and, for two separate dictionaries, their matched pairs where a
-    match is at hand. Plain arrays, CPU."""
+    match is at hand. `pinned` (a source and a concept, as a link to the app names one): that concept's card first in
+    each column that reads the source. Plain arrays, CPU."""
     from ...concepts.analysis.photo import Reader, shared_concepts
 
     loaded = models_of(names, prompts=prompts)
@@ -320,6 +321,10 @@ def concepts(names: list[str], picture: Image.Image, pixels: list[torch.Tensor],
         shown = [np.array(both + mine, dtype=np.int64) for mine in only]
     elif None not in photos:
         found, swapped, match_words = matched(bound)
+    if pinned is not None:
+        shown = [mine if photo is None or source != pinned[0] or not 0 <= pinned[1] < reader.dictionary.n_concepts
+                 else np.array([pinned[1], *(c for c in mine if c != pinned[1])], dtype=np.int64)
+                 for mine, photo, source, reader in zip(shown, photos, sources, bound)]
     columns: list[ConceptReading | str] = []
     for i, (run, reader, photo) in enumerate(zip(runs, bound, photos)):
         if photo is None:
