@@ -29,7 +29,7 @@ from vitviz.concepts.analysis.exemplars import build_exemplars, load_exemplars, 
 from vitviz.concepts.analysis.names import concept_names
 from vitviz.concepts.files.own import checksum
 from vitviz.data import Dataset
-from vitviz.looks.pictures import Pictures, jpegs, save_pictures
+from vitviz.looks.pictures import Pictures, jpegs, pictures_of, save_pictures
 
 EVIL = "<b onmouseover=alert(1)>"
 CLASSES = ("red", EVIL, "blue")
@@ -165,6 +165,8 @@ def test_a_concept_page_holds_its_number_pictures_images_and_models(site):
         assert f"Concept {concept} of" in text and "synthetic" in text
         sources = [ref for tag, ref, _ in links.refs if tag == "img"]
         assert f"../../tiny/pictures/synthetic-{concept}.jpg" in sources
+        masked = np.asarray(Image.open(page.parent / f"../../tiny/pictures/synthetic-{concept}-masked.png"))
+        assert masked.shape == (32, 32, 4) and np.array_equal(masked, pictures_of(folder).transparent(concept))
         opening = next(ref for tag, ref, _ in links.refs if tag == "a" and ref.startswith("https://example.org/app"))
         assert parse_qs(urlsplit(opening).query) == {"dictionary": [str(folder)], "concept": [str(concept)]}
         expected = [e for e in index.of(concept)]

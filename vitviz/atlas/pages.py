@@ -36,8 +36,9 @@ def concept_json(slug: str, concept: int) -> str:
     return f"{slug}/concepts/{concept}.json"
 
 
-def picture_path(slug: str, name: str, concept: int) -> str:
-    return f"{slug}/pictures/{safe_name(name)}-{concept}.jpg"
+def picture_path(slug: str, name: str, concept: int, *, masked: bool = False) -> str:
+    """A picture of a set (JPEG), or with its transparency map applied (`masked`: RGBA PNG)."""
+    return f"{slug}/pictures/{safe_name(name)}-{concept}" + ("-masked.png" if masked else ".jpg")
 
 
 def class_path(slug: str, position: int, name: str) -> str:
@@ -120,13 +121,16 @@ def _pictures(facts: Facts, concept: int, root: str) -> str:
     sets = picture_sets(facts, concept)
     if not sets:
         return f'<p class="missing">{text(next((p for p in facts.problems if "pictures" in p), "No pictures."))}</p>'
-    figures = "".join(
-        f'<figure><img class="picture" src="{root}{picture_path(facts.slug, name, concept)}" width="128" '
-        f'height="128" alt="the picture exciting concept {concept} {text(_set_words(name))}">'
-        f'<figcaption>{text(_set_words(name))}</figcaption></figure>' for name in sets)
+    rows = []
+    for masked, how in ((False, ""), (True, ", its transparency map applied")):
+        rows.append('<div class="row">' + "".join(
+            f'<figure><img class="picture" src="{root}{picture_path(facts.slug, name, concept, masked=masked)}" '
+            f'width="128" height="128" alt="the picture exciting concept {concept} {text(_set_words(name))}{how}">'
+            f'<figcaption>{text(_set_words(name))}</figcaption></figure>' for name in sets) + "</div>")
     where = ", in every model at once and in each alone" if facts.across else ""
-    return (f'<h2>What it looks like</h2><div class="row">{figures}</div><p class="note">Feature pictures (MACO): '
-            f'the image that excites the concept most{where}.</p>')
+    return (f'<h2>What it looks like</h2>{"".join(rows)}<p class="note">Feature pictures (MACO): the image that '
+            f'excites the concept most{where}; under each, the same picture with its transparency map applied as '
+            f'MACO\'s paper shows them (opaque where the crops\' gradients were largest: what the concept reads).</p>')
 
 
 def _alike(facts: Facts, concept: int) -> str:
@@ -264,6 +268,8 @@ def concept_record(facts: Facts, concept: int, context: Context) -> dict:
         "name": facts.name(concept).words, "title": facts.title(concept), "kind": facts.kind_of(concept),
         "frac_nonzero": facts.frequency(concept), "activations": activations,
         "pictures": {name: picture_path(facts.slug, name, concept) for name in picture_sets(facts, concept)},
+        "pictures_masked": {name: picture_path(facts.slug, name, concept, masked=True)
+                            for name in picture_sets(facts, concept)},
         "alike": _alike_record(facts, concept),
         "matches": [vars(p) for p in facts.partners.get(concept, [])], "class_effects": effects,
         "class_circuits": [vars(n) for n in facts.circuit_nodes(concept)],

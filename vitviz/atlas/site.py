@@ -12,7 +12,8 @@ The folder:
     <dictionary>/index.html              all its concepts
     <dictionary>/concepts/<c>.html, .json  a page per concept and its JSON (`pages.py`)
     <dictionary>/classes/<k>-<name>.html a page per class (`classes.py`)
-    <dictionary>/pictures/<set>-<c>.jpg  its pictures, as the pictures file keeps them (JPEG)
+    <dictionary>/pictures/<set>-<c>.jpg  its pictures, as the pictures file keeps them (JPEG), and
+    <dictionary>/pictures/<set>-<c>-masked.png  with their transparency maps applied (RGBA PNG)
     <dictionary>/class-effects.json      the effects measured (`effects.py`)
 
 Building again adds what is missing: the pictures and images already there are kept, the effects are read back
@@ -35,7 +36,7 @@ from tqdm import tqdm
 from .. import catalog
 from ..concepts import ConceptsError
 from ..data import Dataset, spread
-from ..files import write_atomic
+from ..files import png_bytes, write_atomic
 from ..hub.loaded import LoadError
 from . import effects as measured
 from .classes import class_page
@@ -175,8 +176,10 @@ def inputs(facts: Facts, context: Context) -> str:
         "code": _code(), "dictionary": facts.sha256, "source": facts.source,
         "indexes": {m: [i.dictionary_sha256, i.data, i.tokens, i.images.tolist(), list(i.ids)]
                     for m, i in facts.indexes.items()},
-        "pictures": None if facts.pictures is None else [facts.pictures.dictionary_sha256, facts.pictures.settings,
-                                                         list(facts.pictures.sets)],
+        "pictures": None if facts.pictures is None else [
+            facts.pictures.dictionary_sha256, facts.pictures.settings, list(facts.pictures.sets),
+            facts.pictures.drawing, facts.pictures.seconds, None if facts.pictures.tables is None else
+            hashlib.sha256(facts.pictures.tables.values.tobytes()).hexdigest()],
         "metrics": facts.metrics, "partners": {c: [vars(p) for p in ps] for c, ps in facts.partners.items()},
         "circuits": [vars(n) for n in facts.circuits], "problems": facts.problems,
         "classes": context.classes, "effects": [asdict(e) for e in context.effects.get(facts.slug, ())],
@@ -223,16 +226,18 @@ def _record_json(facts: Facts, concept: int, context: Context) -> str:
 
 
 def _write_pictures(facts: Facts, out: Path, *, keep: bool) -> None:
-    """Each picture's JPEG as the pictures file holds it (its transparency map left out)."""
+    """Each picture's JPEG as the pictures file holds it, and the picture with its transparency map applied (RGBA
+    PNG, `looks.transparent`)."""
     if facts.pictures is None:
         return
     for name, (jpeg, offsets, _) in facts.pictures.sets.items():
         for c in range(min(facts.n_concepts, facts.pictures.n_concepts)):
-            path = out / picture_path(facts.slug, name, c)
-            if keep and path.is_file():
+            path, masked = (out / picture_path(facts.slug, name, c, masked=m) for m in (False, True))
+            if keep and path.is_file() and masked.is_file():
                 continue
             a, b = int(offsets[2 * c]), int(offsets[2 * c + 1])
             write_atomic(path, jpeg[a:b].numpy().tobytes())
+            write_atomic(masked, png_bytes(facts.pictures.transparent(c, name)))
 
 
 def _write_thumbnails(facts: Facts, out: Path) -> None:
