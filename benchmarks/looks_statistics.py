@@ -6,11 +6,15 @@ photos; and the time a picture takes at the shipped budget.
     OMP_NUM_THREADS=1 python benchmarks/looks_statistics.py                  # shipped and natural only, seconds
     OMP_NUM_THREADS=1 python benchmarks/looks_statistics.py --draw 64        # and the first 64 concepts drawn now
     OMP_NUM_THREADS=1 python benchmarks/looks_statistics.py --fire 16        # do 16 concepts' pictures still fire?
+    OMP_NUM_THREADS=1 python benchmarks/looks_statistics.py --budget 8       # the objective against the budget
 
 `natural.corner_z` and `natural.axis_share` define the statistics; r is Pearson's over every pixel value of concept
 i's pictures of the two dictionaries, averaged over i. Firing (`--fire N`): N concepts spread over each of
 `FIRING`'s dictionaries, each picture (shipped, and drawn now) read whole as `looks.alike` reads one, over the
-concept's 99th percentile on 500 CIFAR-10 test photos; a picture fires where that is above 1.
+concept's 99th percentile on 500 CIFAR-10 test photos; a picture fires where that is above 1. Budget (`--budget N`):
+N concepts of each `FIRING` dictionary drawn at each of `BUDGETS` (steps, crops a step) with the shipped settings
+otherwise: the objective's last value against the largest budget's (median over the concepts), how strongly the whole
+picture fires, and the seconds a picture takes; the curve the shipped budget was chosen from.
 """
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ from vitviz.looks.pictures import SETTINGS
 PAIR = ("vit-cifar10-last", "vit-cifar10-middle")   # two unrelated dictionaries of one model
 PHOTOS = 2000                                         # CIFAR-10 test photos for the natural statistics
 FIRING = ("vit-cifar10-last", "resnet-cifar10-last")
+BUDGETS = ((8, 1), (16, 2), (32, 2), (64, 2), (64, 4), (128, 4))   # (steps, crops a step)
 
 
 def summary(images: np.ndarray) -> str:
@@ -63,13 +68,46 @@ def firing(count: int, photos) -> None:
               f"{np.nanmedian(ratios[:, 1]):.2f}x)")
 
 
+def budget(count: int, photos) -> None:
+    """The objective, the firing and the time of `count` concepts' pictures at each of `BUDGETS`."""
+    from dataclasses import replace
+
+    from vitviz.looks.alike import read_in
+
+    for name in FIRING:
+        model = hub.load(load_dictionary(name).model, device="cpu")
+        concepts = np.linspace(0, load_dictionary(name).n_concepts - 1, count).round().astype(int).tolist()
+        drawings, seconds = [], []
+        for steps, copies in BUDGETS:
+            start = time.perf_counter()
+            drawings.append(draw(model, [Concept(name, c) for c in concepts], settings=replace(
+                SETTINGS, steps=steps, copies=copies), device="cpu", bar=False))
+            seconds.append((time.perf_counter() - start) / count)
+        ratios = []
+        for i, concept in enumerate(concepts):
+            pictures = torch.stack([torch.from_numpy(d.images[i]).permute(2, 0, 1) for d in drawings])
+            q, values = read_in(model, {}, name, concept, photos, 500, pictures)
+            ratios.append(values / q if q > 0 else np.full(len(BUDGETS), np.nan))
+        ratios = np.array(ratios)
+        last = np.array([d.curve[:, -1] for d in drawings])   # budgets x concepts
+        print(f"{name}, concepts {concepts} (steps x crops: objective / the largest budget's, median; the whole "
+              f"picture over the 99th percentile, median and how many above 1; seconds a picture, {count} at once):")
+        for k, (steps, copies) in enumerate(BUDGETS):
+            print(f"  {steps:4d} x {copies}: {np.median(last[k] / last[-1]):.2f}, {np.nanmedian(ratios[:, k]):.2f}x "
+                  f"({int((ratios[:, k] > 1).sum())} of {count}), {seconds[k]:.2f} s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--draw", type=int, default=0, help="draw the first N concepts of each dictionary now")
     parser.add_argument("--fire", type=int, default=0, help="whether N concepts' pictures fire (shipped, drawn now)")
+    parser.add_argument("--budget", type=int, default=0, help="N concepts drawn at each budget of BUDGETS")
     args = parser.parse_args()
     torch.set_num_threads(1)
     data = open_data("cifar10", split="test")
+    if args.budget:
+        budget(args.budget, data)
+        return
     if args.fire:
         firing(args.fire, data)
     photos = np.stack([np.asarray(data.image(i)) for i in range(PHOTOS)])
