@@ -485,6 +485,29 @@ def test_shipped_pictures_are_what_the_script_makes(name):
     assert np.abs(drawing.images[0] * 255 - pictures.picture(0, SHARED)[0]).mean() < 20
 
 
+def test_shipped_pictures_corners_axes_and_starts_are_photos(cifar10_test):
+    """Every shipped file of this vitviz's drawing, read as a person's tools read it (the JPEGs decoded): no corner
+    stands out (pixel (0, 0)'s luma within 1.5 standard deviations of its picture's mean, on average), the frequency
+    axes carry at most 1.05x the share CIFAR-10's test photos' do, and concept i of two unrelated dictionaries of one
+    model (the ViT's last and middle blocks) are no more alike than r = 0.1 (Pearson, every pixel value)."""
+    photos = np.stack([np.asarray(cifar10_test.image(i)) for i in range(2000)])
+    natural_share = natural.axis_share(photos).mean()
+    current = {}
+    for name in catalog.BUNDLED_DICTIONARIES:
+        pictures = pictures_of(name)
+        if pictures is None or not pictures.current:
+            continue
+        for model in pictures.sets:
+            images = np.stack([pictures.picture(c, model)[0] for c in range(pictures.n_concepts)])
+            assert np.abs(natural.corner_z(images)).mean() <= 1.5, (name, model)
+            assert natural.axis_share(images).mean() <= 1.05 * natural_share, (name, model)
+        current[name] = np.stack([pictures.picture(c)[0] for c in range(pictures.n_concepts)]).astype(np.float64)
+    assert current, "no shipped pictures of this drawing: checkpoints/concepts/looks.sh draws them"
+    if {"vit-cifar10-last", "vit-cifar10-middle"} <= set(current):
+        pairs = zip(current["vit-cifar10-last"], current["vit-cifar10-middle"])
+        assert np.mean([np.corrcoef(a.ravel(), b.ravel())[0, 1] for a, b in pairs]) <= 0.1
+
+
 def test_alike_reads_each_models_picture_in_every_model_over_its_percentile(cifar10_test):
     """Two photos stand in for the ViT's and the CvT's own pictures of a concept of the bundled dictionary across
     them; the table is each photo's value in each model over that model's 99th percentile on 100 photos, read here one
