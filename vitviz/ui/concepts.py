@@ -7,7 +7,8 @@ photo lists the concepts active there in both models.
 
 One model pass reads it all (`gpu.concepts`, once per photo and pair of dictionaries, kept in the session); the
 cards and the click are drawn from what it returned. Each card shows what its concept looks like too (`pictures.py`:
-shipped beside its dictionary, or drawn here by "Draw this concept" once the card is picked)."""
+shipped beside its dictionary, or drawn here by "Draw this concept" once the card is picked; its variants and
+negative by "Draw variants")."""
 from __future__ import annotations
 
 import json
@@ -331,32 +332,39 @@ def concepts_at(key, point, dictionary_a, dictionary_b) -> str:
 
 def picked_at(side: int) -> Callable:
     """The handler of a click on one column's card: its concept picked ((side, concept)), the line on its pictures,
-    and the draw button shown where it has none."""
+    and the draw buttons shown where there is something to draw (`pictures.buttons`)."""
     def pick(key, dictionary_a, dictionary_b, evt: gr.SelectData):
         found = None if key is None else reading(key, dictionary_a, dictionary_b, compute=False)
         if found is None or isinstance(found.columns[side], str):
-            return gr.skip(), gr.skip(), gr.skip()
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip()
         column, k = found.columns[side], int(evt.index)
         asked = card_asked(key, found, side, column.concepts[k])
         what = f"**{column.names[k].title}** ({runs(key)[side].name})"
-        return ((side, int(column.concepts[k])), pictures.words(key, asked, what),
-                gr.Button(visible=not pictures.card_pictures(key, asked)))
+        return ((side, int(column.concepts[k])), pictures.words(key, asked, what), *pictures.buttons(key, asked))
     return pick
 
 
-def draw_picked(key, dictionary_a, dictionary_b, picked, progress=gr.Progress()) -> tuple:
-    """"Draw this concept": the picked card's pictures (a GPU call the first time; kept in the session), and both
-    columns' cards drawn again with them."""
-    found = None if key is None else reading(key, dictionary_a, dictionary_b, compute=False)
-    if found is None or not picked:
-        raise gr.Error("Read the concepts and click a card first, then press Draw this concept.")
-    side, concept = picked
-    column = found.columns[side]
-    asked = card_asked(key, found, side, concept)
-    drawn = pictures.draw(key, asked, progress)
-    shown = render_concepts(key, dictionary_a, dictionary_b)
-    what = f"**{column.names[list(column.concepts).index(concept)].title}** ({runs(key)[side].name})"
-    return shown.concepts_a, shown.concepts_b, pictures.drawn_words(drawn, what), gr.Button(visible=False)
+def drawer(drawing: Callable, button: str) -> Callable:
+    """The handler of a draw button (`button`, its words) on the picked card: `drawing(key, asked, progress)`
+    (`pictures.draw`: "Draw this concept"; `pictures.draw_variants`: "Draw variants"; a GPU call the first time,
+    kept in the session), and both columns' cards drawn again with what it drew."""
+    def handler(key, dictionary_a, dictionary_b, picked, progress=gr.Progress()) -> tuple:
+        found = None if key is None else reading(key, dictionary_a, dictionary_b, compute=False)
+        if found is None or not picked:
+            raise gr.Error(f"Read the concepts and click a card first, then press {button}.")
+        side, concept = picked
+        column = found.columns[side]
+        asked = card_asked(key, found, side, concept)
+        drawn = drawing(key, asked, progress)
+        shown = render_concepts(key, dictionary_a, dictionary_b)
+        what = f"**{column.names[list(column.concepts).index(concept)].title}** ({runs(key)[side].name})"
+        return (shown.concepts_a, shown.concepts_b, pictures.drawn_words(drawn, what),
+                *pictures.buttons(key, asked))
+    return handler
+
+
+draw_picked = drawer(pictures.draw, "Draw this concept")
+draw_variants_picked = drawer(pictures.draw_variants, "Draw variants")
 
 
 def concepts_open(evt: gr.SelectData) -> bool:
@@ -398,6 +406,7 @@ def layout(page: Page) -> ConceptsTab:
         with gr.Row(equal_height=True):
             pick_words = gr.Markdown(PICK_WORDS, elem_id="concepts-pick")
             draw = gr.Button("Draw this concept", visible=False, scale=0, min_width=180, elem_id="concepts-draw")
+            variants = gr.Button("Draw variants", visible=False, scale=0, min_width=150, elem_id="concepts-variants")
         with gr.Row(equal_height=False):
             with gr.Column():
                 concepts_a = gr.Gallery(label="left: the photo's concepts", columns=2, **WHOLE, elem_id="concepts-a")
@@ -411,18 +420,20 @@ def layout(page: Page) -> ConceptsTab:
     with tab:   # not among the top-level Tabs' children, which Gradio's frontend counts as its tabs' indices
         is_open, picked = gr.State(False), gr.State(None)
     inputs, outputs = [key, dictionary_a, dictionary_b], [note, concepts_a, concepts_b, words_a, words_b, point_words]
-    unpicked = dict(fn=lambda: (None, PICK_WORDS, gr.Button(visible=False)), outputs=[picked, pick_words, draw],
-                    api_name=None, **INSTANT, **HIDDEN)   # new cards: none picked
+    unpicked = dict(fn=lambda: (None, PICK_WORDS, gr.Button(visible=False), gr.Button(visible=False)),
+                    outputs=[picked, pick_words, draw, variants], api_name=None, **INSTANT, **HIDDEN)   # none picked
     read.click(as_files(render_concepts), inputs=inputs, outputs=outputs, api_name="concepts",
                **MODEL_EVENTS).then(**unpicked)
     tab.select(as_files(render_concepts), inputs=inputs, outputs=outputs, api_name=None, **MODEL_EVENTS,
                **HIDDEN).then(**unpicked)
     page.tabs.select(concepts_open, outputs=[is_open], api_name="concepts_open", **INSTANT, **HIDDEN)
     for side, gallery in enumerate((concepts_a, concepts_b)):
-        gallery.select(picked_at(side), inputs=inputs, outputs=[picked, pick_words, draw], api_name=None, **INSTANT,
-                       **HIDDEN)
-    draw.click(as_files(draw_picked), inputs=[*inputs, picked], outputs=[concepts_a, concepts_b, pick_words, draw],
-               api_name=None, **MODEL_EVENTS, **HIDDEN)   # `/looks`'s computation, for the picked card
+        gallery.select(picked_at(side), inputs=inputs, outputs=[picked, pick_words, draw, variants], api_name=None,
+                       **INSTANT, **HIDDEN)
+    for button, handler in ((draw, draw_picked), (variants, draw_variants_picked)):   # `/looks`'s computation
+        button.click(as_files(handler), inputs=[*inputs, picked],
+                     outputs=[concepts_a, concepts_b, pick_words, draw, variants], api_name=None, **MODEL_EVENTS,
+                     **HIDDEN)
 
     def explained(event, public: bool) -> None:
         """After an Explain: each column's dictionary for its model, the last photo's cards cleared and, with this
