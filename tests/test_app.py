@@ -90,14 +90,14 @@ def test_looks_draws_what_the_library_draws_and_says_what_it_drew(clicked):
     np.testing.assert_array_equal(shown.picture, picture_view(reference.images[0]))
     assert shown.words.startswith("resnet-cifar10's blocks have no MLP, so it has no hidden units: drawn is channel 5 "
                                   "of block 3's output instead. **resnet-cifar10**, block 3's channel 5")
-    # at one grid cell, two variants and the negative: a row of labelled pictures, the library's
-    shown = anatomy.looks(["vit-cifar10"], "channel", 7, 40, "", "maco", 3, 0, 9, 2, True, progress=None)
+    # at one grid cell (the box's text), two variants and the negative: labelled pictures two to a row, the library's
+    shown = anatomy.looks(["vit-cifar10"], "channel", 7, 40, "", "maco", 3, 0, " 9", 2, True, progress=None)
     target, settings = looks.Channel(block=6, channel=40, position=9), looks.Settings(steps=3)
     variants = looks.draw("vit-cifar10", target, settings=settings, variants=2, device="cpu", bar=False)
     negative = looks.draw("vit-cifar10", target, settings=settings, negative=True, device="cpu", bar=False)
     pairs = [("variant 1", variants.images[0]), ("variant 2", variants.images[1]), ("negative", negative.images[0])]
-    np.testing.assert_array_equal(shown.picture, picture_row(pairs, side=anatomy.ROW_SIDE, per_row=3,
-                                                             width=3 * (anatomy.ROW_SIDE + GAP) + GAP))
+    np.testing.assert_array_equal(shown.picture, picture_row(pairs, side=anatomy.ROW_SIDE, per_row=2,
+                                                             width=2 * (anatomy.ROW_SIDE + GAP) + GAP))
     assert shown.words.startswith("**vit-cifar10**, block 7's channel 40 at cell 9: MACO") and "; negative: " in \
         shown.words
     # after an Explain the model box offers the pair and says how long a drawing takes, before it starts

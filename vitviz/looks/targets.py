@@ -130,7 +130,9 @@ class Readout:
             group.ids.append(value)
             weights = torch.full((n,), 1 / n)
             if target.position is not None:
-                _checked(target.position, n, "position", f"The grid {loaded.name}'s target reads")
+                if not 0 <= _number(target.position, "The position") < n:
+                    raise LooksError(f"{loaded.name} reads this target on a grid of {n} cells (0 to {n - 1}, row by "
+                                     f"row): there is no position {target.position}.")
                 weights = torch.nn.functional.one_hot(torch.tensor(target.position), n).float()
             group.weights.append(weights)
         self.indices = {key: (torch.tensor(g.images, device=loaded.device), torch.tensor(g.ids, device=loaded.device),

@@ -24,7 +24,7 @@ from .shared import HIDDEN, INSTANT, MODEL_EVENTS, Page, as_files, session
 LOOKS_METHODS = ("maco", "pixels")   # `looks.METHODS`' names (vitviz.looks is imported when a picture is drawn)
 MAX_STEPS = 256   # a drawing's steps at most: a few minutes of the bundled models on a CPU
 MAX_VARIANTS = 4  # pictures of a target drawn together here at most (the library's `draw.MAX_VARIANTS`: 8)
-ROW_SIDE = 160    # px: each picture's tile where several are shown in a row
+ROW_SIDE = 192    # px: each picture's tile where several are shown, two to a row
 LOOKS_WORDS = ("**What a unit looks like**: the picture that excites one hidden unit of a block's MLP most, found by "
                "gradient ascent on an image seen through random crops (feature visualisation; MACO holds it to a "
                "natural photo's spectrum, pixels paints it freely). A ResNet has no MLP, so a block's channel is drawn "
@@ -70,9 +70,10 @@ def model_names(models) -> list[str]:
 
 
 def position_of(position) -> int | None:
-    """The position box's value: empty for the grid's mean, else a grid cell (a whole number from 0), or a gr.Error
-    saying so."""
-    return None if position is None or position == "" else gpu.whole_number(position, "The position (a grid cell)")
+    """The position box's text (or a number, through the API): empty for the grid's mean, else a grid cell (a whole
+    number from 0), or a gr.Error saying so."""
+    text = "" if position is None else str(position).strip()
+    return None if not text else gpu.whole_number(text, "The position (a grid cell)")
 
 
 def looks(models, kind="unit", block=1, number=0, dictionary="", method="maco", steps=64, seed=0, position=None,
@@ -81,7 +82,7 @@ def looks(models, kind="unit", block=1, number=0, dictionary="", method="maco", 
     `block`'s MLP, from 1), 'channel' (of block `block`'s output) or 'concept' (of the dictionary `dictionary`),
     number `number` (from 0), at grid cell `position` (row by row from 0; None: the grid's mean); `method` 'maco' or
     'pixels', `steps` steps, seed `seed`; `variants` pictures pushed apart (1 to `MAX_VARIANTS`) and, with
-    `negative`, the one lowering it most. -> the picture (several: in a row, labelled), its transparency map, the
+    `negative`, the one lowering it most. -> the picture (several: two to a row, labelled), its transparency map, the
     objective's curve and the words."""
     from ..looks import LooksError, Settings
 
@@ -114,8 +115,7 @@ def looks(models, kind="unit", block=1, number=0, dictionary="", method="maco", 
     if len(drawn) == 1:
         return Looks(picture_view(first.image), alpha_view(first.alpha), curve_plot({first.target: first.curve}),
                      words)
-    row = lambda pairs: picture_row(pairs, side=ROW_SIDE, per_row=len(pairs),
-                                    width=len(pairs) * (ROW_SIDE + GAP) + GAP)
+    row = lambda pairs: picture_row(pairs, side=ROW_SIDE, per_row=2, width=2 * (ROW_SIDE + GAP) + GAP)
     labels = [p.label or "its picture" for p in drawn]
     return Looks(row(list(zip(labels, (p.image for p in drawn)))),
                  row([(label, alpha_view(p.alpha, side=ROW_SIDE)) for label, p in zip(labels, drawn)]),
@@ -188,9 +188,9 @@ def layout(page: Page) -> AnatomyTab:
             steps = gr.Slider(4, MAX_STEPS, value=64, step=4, label="steps", min_width=200, elem_id="looks-steps")
             seed = gr.Number(value=0, precision=0, minimum=0, label="seed", min_width=100, elem_id="looks-seed")
         with gr.Row(equal_height=False):
-            position = gr.Number(value=None, precision=0, minimum=0, label="position",
-                                 info="a grid cell, row by row from 0; empty: the whole grid", min_width=160,
-                                 elem_id="looks-position")
+            position = gr.Textbox(value="", label="position", placeholder="the whole grid",
+                                  info="a grid cell, row by row from 0; empty: the whole grid", min_width=160,
+                                  elem_id="looks-position")
             variants = gr.Slider(1, MAX_VARIANTS, value=1, step=1, label="variants",
                                  info="pictures from other starts, pushed apart", min_width=200,
                                  elem_id="looks-variants")
