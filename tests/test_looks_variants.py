@@ -145,22 +145,26 @@ def test_command_writes_variants_and_the_negative_and_refuses_in_words(tmp_path,
 
     argv = ["looks", "--concepts", "vit-cifar10-last", "--ids", "394", "--steps", "2", "--copies", "1", "--device",
             "cpu", "--out", str(tmp_path)]
-    assert main([*argv, "--variants", "3", "--negative", "--position", "9"]) == 0
+    assert main([*argv, "--variants", "3", "--negative", "--position", "9", "--canvas", "32", "--box", "0.8", "1"]) == 0
     stems = [f"concept-0394-cell9-v{v}" for v in range(3)] + ["concept-0394-cell9-negative"]
     pictures = [np.asarray(Image.open(tmp_path / f"{stem}.png")) for stem in stems]
-    assert all(p.shape == (64, 64, 3) for p in pictures) and not (tmp_path / "concept-0394-cell9.png").exists()
+    assert all(p.shape == (32, 32, 3) for p in pictures) and not (tmp_path / "concept-0394-cell9.png").exists()
     records = [json.loads((tmp_path / f"{stem}-curve.json").read_text()) for stem in stems]
     assert [r["variant"] for r in records[:3]] == [0, 1, 2] and records[3]["negative"]
-    assert all(r["position"] == 9 for r in records) and records[0]["diversity"] == DIVERSITY
+    assert all(r["position"] == 9 and r["box"] == [0.8, 1.0] for r in records) and records[0]["diversity"] == DIVERSITY
     # the cell read is the one asked for: the first step's objective is the library's at that position
-    expected = draw("vit-cifar10", Concept("vit-cifar10-last", 394, position=9), settings=Settings(steps=1, copies=1),
-                    device="cpu", bar=False).curve[0, 0]
+    settings = Settings(method=Maco(box=(0.8, 1.0)), steps=1, copies=1, canvas=32)
+    expected = draw("vit-cifar10", Concept("vit-cifar10-last", 394, position=9), settings=settings, device="cpu",
+                    bar=False).curve[0, 0]
     assert records[3]["objective"][0] == pytest.approx(float(expected), abs=1e-4)
     for extra, words in [
         (["--variants", "0"], "variants must be a whole number from 1 to 8"),
         (["--variants", "9"], "from 1 to 8"),
         (["--position", "64"], "no position 64"),
         (["--diversity", "-1"], "weight must be a number"),
+        (["--box", "0.9", "0.5"], "--box takes MACO's crop sides"),
+        (["--box", "0.8", "1.0", "--method", "pixels"], "with --method pixels"),
+        (["--pictures", "--negative"], "--position, --variants and --negative draw pictures of targets"),
     ]:
         assert main([*argv, *extra]) == 2
         assert words in capsys.readouterr().err

@@ -76,7 +76,7 @@ def models_of(args) -> list[str]:
 
 def cmd_looks(args) -> int:
     from ..concepts.files import folder_of
-    from ..looks import LooksError, Settings, draw
+    from ..looks import LooksError, Maco, Settings, draw
     from ..looks.alike import PERCENTILE
     from ..looks.pictures import make_pictures, save_pictures
 
@@ -115,9 +115,14 @@ def cmd_looks(args) -> int:
                              "--channel BLOCK:CHANNEL or --class NAME")
         if args.ids and args.concepts is None:
             raise UsageError("--ids are concept numbers of a dictionary: give it with --concepts DICT")
+        method = args.method
+        if args.box is not None:
+            if method != "maco" or not 0 < args.box[0] <= args.box[1] <= 1:
+                raise UsageError("--box takes MACO's crop sides, two fractions of the canvas's side with 0 < LO <= HI "
+                                 f"<= 1 (--method maco), not {' '.join(map(str, args.box))} with --method {method}")
+            method = Maco(box=tuple(args.box))
         out = prepare_out(Path(args.out))
-        settings = Settings(method=args.method, steps=args.steps, copies=args.copies, seed=args.seed,
-                            canvas=args.canvas)
+        settings = Settings(method=method, steps=args.steps, copies=args.copies, seed=args.seed, canvas=args.canvas)
         models, targets = models_of(args), [target for _, target in named]
         drawings = [draw(models, targets, settings=settings, variants=args.variants, diversity=args.diversity,
                          device=args.device)]
@@ -127,7 +132,7 @@ def cmd_looks(args) -> int:
         raise UsageError(str(e)) from None
     for drawing in drawings:
         record = {"models": list(drawing.models), "method": drawing.method, "steps": args.steps, "copies": args.copies,
-                  "seed": drawing.seed, "position": args.position}
+                  "seed": drawing.seed, "canvas": args.canvas, "box": args.box, "position": args.position}
         n = drawing.variants
         for i, (image, alpha, curve) in enumerate(zip(drawing.images, drawing.alpha, drawing.curve)):
             stem, variant = named[i // n][0], i % n
@@ -163,6 +168,9 @@ def add_parser(sub) -> None:
     p.add_argument("--copies", type=int, default=defaults.copies, help="augmented copies of each picture per step")
     p.add_argument("--seed", type=int, default=defaults.seed)
     p.add_argument("--canvas", type=int, default=None, help="the canvas's side in px (default: the method's)")
+    p.add_argument("--box", nargs=2, type=float, metavar=("LO", "HI"), default=None,
+                   help="MACO's crop sides, fractions of the canvas's (default 0.5 0.6; the cards' pictures: --canvas "
+                        "32 --box 0.8 1.0, one picture of the concept a picture, as a photo holds it)")
     p.add_argument("--position", type=int, default=None,
                    help="a grid cell (row-major, from 0) to read a concept, unit or channel at (default: the grid's "
                         "mean)")
