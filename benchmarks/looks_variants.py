@@ -4,21 +4,25 @@ lowers each concept most, all at the shipped pictures' settings (`pictures.SETTI
 
     OMP_NUM_THREADS=1 python benchmarks/looks_variants.py                          # 16 concepts, weights 0 and 1
     OMP_NUM_THREADS=1 python benchmarks/looks_variants.py --weights 0 0.5 1 2 4 --concepts 8
+    OMP_NUM_THREADS=1 python benchmarks/looks_variants.py --read looks/ --concept 17   # what `vitviz looks` wrote
 
 For each weight: the variants' pairwise Pearson r over pixel values (each concept's N variants, every pair), the
 cosine between their Gram matrices at the concept's block (what the term lowers; the whole picture read once), each
 variant's value over the concept's 99th percentile on 500 CIFAR-10 test photos (the whole picture read as
 `looks.alike` reads one: above 1 it excites the concept as the top 1 % of photos do), and the seconds; then the
-ordinary picture's and the negative's value over the same percentile.
+ordinary picture's and the negative's value over the same percentile. With --read, the same for the variants and
+negative `vitviz looks --variants N --negative` wrote of one concept (`concept-CCCC-v*.png`, `-negative.png`).
 """
 from __future__ import annotations
 
 import argparse
 import time
 from itertools import combinations
+from pathlib import Path
 
 import numpy as np
 import torch
+from PIL import Image
 
 from vitviz import hub
 from vitviz.concepts import load as load_dictionary
@@ -46,14 +50,35 @@ def gram_alike(model, block: int, images: np.ndarray) -> list[float]:
     return [float(cosines[i, j]) for i, j in combinations(range(len(images)), 2)]
 
 
+def read_written(folder: Path, name: str, concept: int) -> None:
+    """Pairwise r of the variants the command wrote of `concept`, and each one's (and the negative's) value over the
+    concept's 99th percentile."""
+    stems = sorted(p.stem for p in folder.glob(f"concept-{concept:04d}-v*.png") if p.stem[-1].isdigit())
+    stems += [f"concept-{concept:04d}-negative"] if (folder / f"concept-{concept:04d}-negative.png").exists() else []
+    images = np.stack([np.asarray(Image.open(folder / f"{stem}.png"), dtype=np.float32) / 255 for stem in stems])
+    variants = [i for i, stem in enumerate(stems) if not stem.endswith("negative")]
+    r = [np.corrcoef(images[i].ravel(), images[j].ravel())[0, 1] for i, j in combinations(variants, 2)]
+    model = hub.load(load_dictionary(name).model, device="cpu")
+    q, values = read_in(model, {}, name, concept, open_data("cifar10", split="test"), IMAGES,
+                        torch.from_numpy(images).permute(0, 3, 1, 2))
+    print(f"{name} concept {concept} in {folder}: pairwise r of the variants {', '.join(f'{x:.2f}' for x in r)}; "
+          f"over its {PERCENTILE}th percentile on {IMAGES} CIFAR-10 test photos ({q:.2f}): "
+          + ", ".join(f"{stem} {v / q:.2f}x" for stem, v in zip(stems, values)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dictionary", default="vit-cifar10-last")
     parser.add_argument("--concepts", type=int, default=16, help="concepts spread over the dictionary")
     parser.add_argument("--variants", type=int, default=3)
     parser.add_argument("--weights", type=float, nargs="+", default=[0.0, DIVERSITY])
+    parser.add_argument("--read", type=Path, default=None, help="a folder `vitviz looks --variants` wrote into")
+    parser.add_argument("--concept", type=int, default=17, help="with --read: the concept it drew")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.read is not None:
+        read_written(args.read, args.dictionary, args.concept)
+        return
     name, n = args.dictionary, args.variants
     dictionary = load_dictionary(name)
     model = hub.load(dictionary.model, device="cpu")
