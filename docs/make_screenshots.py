@@ -3,6 +3,7 @@
     python docs/make_screenshots.py            (writes docs/images/first-screen.png and docs/images/tab-<id>.png)
     python docs/make_screenshots.py circuits   (the Circuits tab's two alone, after an Explain not shot)
     python docs/make_screenshots.py concepts anatomy   (those tabs' alone: any of circuits, concepts, anatomy, training)
+    python docs/make_screenshots.py concepts variants  (and a concept card's variants drawn, once the tab is open)
 
 The real app is launched offline on its bundled CIFAR-10 pair (a ViT and a CvT) and driven by Debian's Chromium
 through Playwright, 1400 px wide, as a person would: the example photo uploaded, Explain pressed, a point on the
@@ -118,6 +119,7 @@ def tabs(page) -> None:
     shoot_tab(page, "decide")
 
     concepts(page)
+    variants(page)
     circuits(page)
     training(page)
 
@@ -149,14 +151,42 @@ def concepts(page) -> None:
     shoot_tab(page, "concepts")
 
 
+def variants(page) -> None:
+    """On the open Concepts tab: the left column's first card picked and its variants drawn (three and the negative,
+    after its shipped picture), the card shown large."""
+    page.locator("#concepts-a button.thumbnail-item").first.click()
+    page.locator("#concepts-variants").click()
+    page.locator("#concepts-pick").get_by_text("drawn in").first.wait_for(timeout=SLOW)
+    page.wait_for_timeout(1500)
+    loaded(page, "#concepts-a")
+    page.locator("#concepts-a").scroll_into_view_if_needed()
+    page.wait_for_timeout(1500)
+    card = page.evaluate("""() => {   // the largest image shown in the gallery (the picked card, previewed), where
+        let best = null;              // its pixels lie in its box (fitted, centred), in the page's coordinates
+        for (const i of document.querySelectorAll('#concepts-a img')) {
+            const r = i.getBoundingClientRect();
+            const s = Math.min(r.width / i.naturalWidth, r.height / i.naturalHeight);
+            const width = i.naturalWidth * s, height = i.naturalHeight * s;
+            if (i.offsetParent && (!best || width * height > best.width * best.height))
+                best = {x: r.x + (r.width - width) / 2, y: r.y + (r.height - height) / 2 + window.scrollY, width,
+                        height};
+        }
+        return best;
+    }""")
+    save(page.screenshot(full_page=True, clip=card), "tab-concepts-variants.png")
+
+
 def anatomy(page) -> None:
-    """The Anatomy tab with the ViT's block 4 MLP unit 100 drawn (eyes, in 64 steps of MACO), and its drawing alone:
-    the picture, its transparency map and the objective's curve."""
+    """The Anatomy tab with the ViT's block 4 MLP unit 100 drawn (eyes, in 64 steps of MACO) as three variants and
+    its negative, and the drawing alone: the pictures, their transparency maps and the objective's curves."""
     page.get_by_role("tab", name="Anatomy").click()
     page.wait_for_function("() => [...document.querySelectorAll('#tabs [role=tabpanel]')].some(p => "
                            "p.offsetParent && p.querySelectorAll('img').length >= 4)", timeout=SLOW)
     page.locator("#looks-block input").fill("4")
     page.locator("#looks-number input").fill("100")
+    page.locator("#looks-variants input[type=number]").fill("3")
+    page.locator("#looks-variants input[type=number]").press("Enter")
+    page.locator("#looks-negative input[type=checkbox]").check()
     page.locator("#looks-draw").click()
     page.locator("#looks-words").get_by_text("drawn in").first.wait_for(timeout=SLOW)
     drawn(page, "#looks-picture", "#looks-alpha", "#looks-curve")
@@ -237,7 +267,7 @@ if __name__ == "__main__":
                 if sys.argv[1:]:
                     explained(page, server.url)
                     for part in sys.argv[1:]:
-                        {"circuits": circuits, "concepts": concepts, "anatomy": anatomy,
+                        {"circuits": circuits, "concepts": concepts, "variants": variants, "anatomy": anatomy,
                          "training": training}[part](page)
                 else:
                     first_screen(page, server.url)

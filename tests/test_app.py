@@ -69,7 +69,7 @@ def test_a_layer_or_head_the_model_lacks_is_refused_in_words(clicked):
 
 def test_looks_draws_what_the_library_draws_and_says_what_it_drew(clicked):
     from vitviz import looks
-    from vitviz.render.looks import alpha_view, curve_plot, picture_view
+    from vitviz.render.looks import GAP, alpha_view, curve_plot, picture_row, picture_view
     shown = anatomy.looks(["vit-cifar10"], "unit", 4, 17, "", "maco", 4, 0, progress=None)
     reference = looks.draw("vit-cifar10", looks.Unit(block=3, unit=17), settings=looks.Settings(steps=4),
                            device="cpu", bar=False)
@@ -90,6 +90,16 @@ def test_looks_draws_what_the_library_draws_and_says_what_it_drew(clicked):
     np.testing.assert_array_equal(shown.picture, picture_view(reference.images[0]))
     assert shown.words.startswith("resnet-cifar10's blocks have no MLP, so it has no hidden units: drawn is channel 5 "
                                   "of block 3's output instead. **resnet-cifar10**, block 3's channel 5")
+    # at one grid cell (the box's text), two variants and the negative: labelled pictures two to a row, the library's
+    shown = anatomy.looks(["vit-cifar10"], "channel", 7, 40, "", "maco", 3, 0, " 9", 2, True, progress=None)
+    target, settings = looks.Channel(block=6, channel=40, position=9), looks.Settings(steps=3)
+    variants = looks.draw("vit-cifar10", target, settings=settings, variants=2, device="cpu", bar=False)
+    negative = looks.draw("vit-cifar10", target, settings=settings, negative=True, device="cpu", bar=False)
+    pairs = [("variant 1", variants.images[0]), ("variant 2", variants.images[1]), ("negative", negative.images[0])]
+    np.testing.assert_array_equal(shown.picture, picture_row(pairs, side=anatomy.ROW_SIDE, per_row=2,
+                                                             width=2 * (anatomy.ROW_SIDE + GAP) + GAP))
+    assert shown.words.startswith("**vit-cifar10**, block 7's channel 40 at cell 9: MACO") and "; negative: " in \
+        shown.words
     # after an Explain the model box offers the pair and says how long a drawing takes, before it starts
     box, words = anatomy.after_explain(clicked.key, None, 64)
     assert box.value == [PAIR[0]] and [c[0] for c in box.choices] == list(PAIR)
@@ -108,9 +118,16 @@ def test_looks_draws_what_the_library_draws_and_says_what_it_drew(clicked):
     ((["vit-cifar10"], "unit", 1, 5, "", "maco", 1000), "at most 256 steps"),
     ((["vit-cifar10"], "unit", 1, 5, "", "lucid"), "There is no method 'lucid'"),
     (([], "unit", 1, 5), "Name a model to draw in"),
+    ((["vit-cifar10"], "unit", 4, 5, "", "maco", 4, 0, 64), "Block 4 of vit-cifar10 has a grid of 8 x 8 cells: the "
+                                                            r"position is a cell from 0 to 63 \(row by row\), not 64"),
+    ((["vit-cifar10"], "concept", 1, 5, "vit-cifar10-last", "maco", 4, 0, 64),
+     r"vit-cifar10 reads this target on a grid of 64 cells \(0 to 63, row by row\): there is no position 64"),
+    ((["vit-cifar10"], "unit", 4, 5, "", "maco", 4, 0, 1.5), r"The position \(a grid cell\) must be a whole number"),
+    ((["vit-cifar10"], "unit", 4, 5, "", "maco", 4, 0, None, 5), "at most 4 variants, not 5"),
 ], ids=["a unit the block lacks", "a block the model lacks", "a dictionary of another model",
         "a concept the dictionary lacks", "a path on the server", "an unknown kind", "half a block", "too many steps",
-        "an unknown method", "no model"])
+        "an unknown method", "no model", "a unit's cell beyond the grid", "a concept's cell beyond the grid",
+        "half a cell", "too many variants"])
 def test_looks_refuses_what_cannot_be_drawn_in_words_before_any_step(asked, words):
     heard = []
     with pytest.raises(gr.Error, match=words):
@@ -414,7 +431,8 @@ def test_the_api_page_lists_one_endpoint_per_computation_and_each_answers_from_a
 def test_looks_draws_from_a_real_client_with_no_explain_before_it_and_refuses_in_words(client):
     api = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
     assert [p["parameter_name"] for p in api["/looks"]["parameters"]] == [
-        "models", "kind", "block", "number", "dictionary", "method", "steps", "seed"]
+        "models", "kind", "block", "number", "dictionary", "method", "steps", "seed", "position", "variants",
+        "negative"]
     picture, alpha, curve, words = client.predict(["vit-cifar10"], "unit", 2, 5, "", "maco", 4, 0, api_name="/looks")
     assert image_size(picture) == image_size(alpha) == (256, 256) and image_size(curve)[0] > 300
     assert words.startswith("**vit-cifar10**, block 2's MLP unit 5: MACO, 4 steps of 4 crops, seed 0, drawn in")

@@ -320,7 +320,7 @@ def test_the_search_finds_by_shared_exactly_the_concepts_every_model_shares():
 
 
 def test_the_apps_concept_table_links_a_concept_to_its_page_in_the_atlas_it_serves(site, monkeypatch):
-    from vitviz.ui.concepts import concept_cell
+    from vitviz.ui.concept_words import concept_cell
 
     root, folder, _, _ = site
     monkeypatch.setenv("VITVIZ_ATLAS", str(root))

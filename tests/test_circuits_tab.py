@@ -21,7 +21,7 @@ from vitviz.render import circuits as drawing
 from vitviz.render.concepts import CARD_WIDTH
 from vitviz.session import ModelRun
 from vitviz.ui import circuits, gpu, page, shared
-from vitviz.ui.concepts import change, percent
+from vitviz.ui.concept_words import change, percent
 
 ROOT = Path(__file__).resolve().parents[1]
 PHOTO = ROOT / "assets" / "cat_chelsea.jpg"
@@ -142,7 +142,10 @@ def test_a_concept_nodes_card_shows_its_pictures_and_draws_them_where_none_ship(
                            device="cpu", bar=False)
     (label, picture), = drawn[-1]["pictures"]
     assert label == "its picture" and np.array_equal(picture, reference.images[0])
-    assert not made.draw.visible and "its pictures were drawn here" in made.words
+    assert not made.draw.visible and "its pictures were drawn here" in made.words and made.variants.visible
+    made = circuits.draw_node_variants(key, shown.asked, f"0:{node.id}", **QUIET)   # three more and the negative
+    assert [label for label, _ in drawn[-1]["pictures"]] == ["its picture", "v1", "v2", "v3", "negative"]
+    assert not made.variants.visible and "Its 3 variants (v1 to v3) and its negative were drawn here" in made.words
     with pytest.raises(gr.Error, match="Only a concept node has pictures"):
         circuits.draw_node(key, shown.asked, "1:b8/error", **QUIET)
     last = next(n for n in c.nodes if n.kind == "concept" and n.block == block["vit-cifar10-last"])

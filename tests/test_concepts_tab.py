@@ -28,6 +28,7 @@ from vitviz.data import open_folder
 from vitviz.looks.pictures import FILE
 from vitviz.session import ModelRun
 from vitviz.ui import concepts, gpu, page, shared
+from vitviz.ui.concept_words import change, percent
 
 ROOT = Path(__file__).resolve().parents[1]
 PHOTO = ROOT / "assets" / "cat_chelsea.jpg"
@@ -168,11 +169,11 @@ def test_the_cards_draw_photo_pys_reading_its_exemplars_and_removals_on_the_bund
                                                        run.label(int(reference.top_without[k])))
             target, before, after = run.label(reference.target), reference.probability, float(reference.without[k])
             top = run.label(int(reference.top_without[k]))
-            assert row["without it"] == (f"{target} stays at {concepts.percent(before)}" if abs(after - before) < 5e-4
-                                         else f"{target} {concepts.change(before, after)}"
+            assert row["without it"] == (f"{target} stays at {percent(before)}" if abs(after - before) < 5e-4
+                                         else f"{target} {change(before, after)}"
                                          + ("" if top == target else f" ({top} on top)"))
             codes = reference.codes[:, concept]
-            assert row["code"] == f"{codes.mean():.2f}" and row["photo"] == concepts.percent(float((codes > 0).mean()))
+            assert row["code"] == f"{codes.mean():.2f}" and row["photo"] == percent(float((codes > 0).mean()))
         strongest = max(order, key=lambda c: abs(column.removal.without[c][0] - reference.probability))
         assert f"removing concept {strongest} moves the prediction most" in shown.note
         assert "held-out FVU" not in shown.note   # these copies have no metrics.json beside them
@@ -445,8 +446,8 @@ def test_each_card_shows_the_picture_shipped_beside_its_dictionary_and_an_across
         for k, seed in enumerate((2, 3, 4)):
             colour = np.round(picture_colours(64, seed)[c, 0, 0] * 255)
             assert np.abs(tile_centre(card, k, 0) - colour).max() <= 12
-    picked, words, button = concepts.picked_at(0)(key, across, across, None,
-                                                  gr.SelectData(None, {"index": 0, "value": 0}))
+    picked, words, button, _ = concepts.picked_at(0)(key, across, across, None,
+                                                     gr.SelectData(None, {"index": 0, "value": 0}))
     assert picked == (0, int(shown.concepts_a[0][1])) and not button.visible
     assert f"its pictures ship with {across} (MACO, 32 steps, seed 0; the shared one and each model's own)" in words
     c = picked[1]   # the table shipped with the pictures, each picture's row
@@ -474,8 +475,8 @@ def test_draw_this_concept_draws_what_the_library_draws_once_and_puts_it_on_both
     first = concepts.render_concepts(key, across, across)
     with pytest.raises(gr.Error, match="click a card first"):
         concepts.draw_picked(key, across, across, None, None, **QUIET)
-    picked, words, button = concepts.picked_at(1)(key, across, across, None,
-                                                  gr.SelectData(None, {"index": 0, "value": 0}))
+    picked, words, button, _ = concepts.picked_at(1)(key, across, across, None,
+                                                     gr.SelectData(None, {"index": 0, "value": 0}))
     concept = picked[1]
     assert picked == (1, int(first.concepts_b[0][1])) and button.visible
     assert (f"no picture of it ships with {across}. **Draw this concept** draws one in vit-cifar10 and cvt-cifar10 "
@@ -483,8 +484,8 @@ def test_draw_this_concept_draws_what_the_library_draws_once_and_puts_it_on_both
     calls, draw = [], gpu.draw_pictures
     monkeypatch.setattr(gpu, "draw_pictures", lambda *a, **k: calls.append((a, k)) or draw(*a, **k))
     drawn, heard = recording(monkeypatch, "concept_card"), []
-    cards_a, cards_b, words, button = concepts.draw_picked(key, across, across, None, picked,
-                                                           progress=lambda f, desc=None: heard.append(desc))
+    cards_a, cards_b, words, button, _ = concepts.draw_picked(key, across, across, None, picked,
+                                                              progress=lambda f, desc=None: heard.append(desc))
     assert len(calls) == 1 and not button.visible and "drawn in" in words
     assert heard[0].startswith(f"drawing concept {concept} of {across}: about") and heard[-1] == "step 9 of 9"
     references = [looks.draw(models, looks.Concept(across, concept), settings=quick, device="cpu", bar=False)
@@ -497,9 +498,39 @@ def test_draw_this_concept_draws_what_the_library_draws_once_and_puts_it_on_both
             np.testing.assert_array_equal(picture, reference.images[0])
     # kept in the session: drawing or picking it again runs no model, and the card keeps its pictures
     concepts.draw_picked(key, across, across, None, picked, **QUIET)
-    picked, words, button = concepts.picked_at(1)(key, across, across, None,
-                                                  gr.SelectData(None, {"index": 0, "value": 0}))
+    picked, words, button, _ = concepts.picked_at(1)(key, across, across, None,
+                                                     gr.SelectData(None, {"index": 0, "value": 0}))
     assert len(calls) == 1 and not button.visible and "its pictures were drawn here" in words
+
+
+def test_draw_variants_puts_the_librarys_variants_and_negative_on_the_card_once(monkeypatch, across, quick):
+    """"Draw variants" on a picked card of a dictionary across both models: the library's three variants of the
+    concept in both models at once and its negative, labelled after the card's own pictures (none ship here), on the
+    concept's card in both columns; kept in the session."""
+    from vitviz import looks
+    key = explained()
+    concepts.render_concepts(key, across, across)
+    select = gr.SelectData(None, {"index": 0, "value": 0})
+    picked, words, _, button = concepts.picked_at(0)(key, across, across, None, select)
+    assert button.visible and ("**Draw variants** draws 3 more from other starts, pushed apart in style, and the "
+                               "picture that lowers it most, in vit-cifar10 and cvt-cifar10 at once (about") in words
+    calls, draw = [], gpu.draw_pictures
+    monkeypatch.setattr(gpu, "draw_pictures", lambda *a, **k: calls.append((a, k)) or draw(*a, **k))
+    drawn = recording(monkeypatch, "concept_card")
+    cards_a, cards_b, words, _, button = concepts.draw_variants_picked(key, across, across, None, picked, **QUIET)
+    assert len(calls) == 1 and not button.visible and "vit-cifar10 + cvt-cifar10 negative:" in words
+    concept = looks.Concept(across, picked[1])
+    variants = looks.draw(list(PAIR), concept, settings=quick, variants=3, device="cpu", bar=False)
+    negative = looks.draw(list(PAIR), concept, settings=quick, negative=True, device="cpu", bar=False)
+    cards = [options for (_, options), (_, caption) in zip(drawn, cards_a + cards_b) if caption == str(picked[1])]
+    assert len(cards) == 2   # the concept's card in both columns
+    for options in cards:
+        assert [label for label, _ in options["pictures"]] == ["v1", "v2", "v3", "negative"]
+        for (_, picture), reference in zip(options["pictures"], [*variants.images, negative.images[0]]):
+            np.testing.assert_array_equal(picture, reference)
+    concepts.draw_variants_picked(key, across, across, None, picked, **QUIET)
+    _, words, _, button = concepts.picked_at(0)(key, across, across, None, select)
+    assert len(calls) == 1 and not button.visible and "Its 3 variants (v1 to v3) and its negative were drawn" in words
 
 
 # ---- the launched app ------------------------------------------------------------------------------------

@@ -1,7 +1,9 @@
 """`vitviz looks`: what a concept, unit, channel or class looks like, drawn by feature visualisation
-(`vitviz.looks`): one picture per target, with its transparency map and the objective's curve beside it; or, with
---pictures, every concept of a dictionary, written beside it (the pictures the app's concept cards show); or, with
---alike, whether the models of a dictionary across them see its concepts alike (`looks.alike`)."""
+(`vitviz.looks`): one picture per target (at one grid cell with --position), with its transparency map and the
+objective's curve beside it, or --variants N of them pushed apart by the diversity term, and with --negative the
+picture that lowers it most; or, with --pictures, every concept of a dictionary, written beside it (the pictures the
+app's concept cards show); or, with --alike, whether the models of a dictionary across them see its concepts alike
+(`looks.alike`)."""
 from __future__ import annotations
 
 import json
@@ -24,19 +26,35 @@ def _pair(text: str, what: str) -> tuple[int, int]:
 
 
 def targets_of(args) -> list[tuple[str, object]]:
-    """(file name stem, target) for every target the command line asks for, in its order."""
+    """(file name stem, target) for every target the command line asks for, in its order; at --position's cell
+    (the stem says which)."""
     from ..looks import Channel, Concept, Label, Unit
 
-    named = [(f"concept-{i:04d}", Concept(args.concepts, i)) for i in args.ids or []]
+    at, cell = args.position, "" if args.position is None else f"-cell{args.position}"
+    if at is not None and args.label:
+        raise UsageError("--position is a grid cell, and a class's logit has no place on the grid: draw --class "
+                         "without --position")
+    named = [(f"concept-{i:04d}{cell}", Concept(args.concepts, i, position=at)) for i in args.ids or []]
     for text in args.unit or []:
         block, unit = _pair(text, "unit")
-        named.append((f"unit-{block}-{unit:04d}", Unit(block, unit)))
+        named.append((f"unit-{block}-{unit:04d}{cell}", Unit(block, unit, position=at)))
     for text in args.channel or []:
         block, channel = _pair(text, "channel")
-        named.append((f"channel-{block}-{channel:04d}", Channel(block, channel)))
+        named.append((f"channel-{block}-{channel:04d}{cell}", Channel(block, channel, position=at)))
     for label in args.label or []:
         named.append((f"class-{label}", Label(int(label) if label.isdigit() else label)))
     return named
+
+
+def write_picture(out: Path, stem: str, image, alpha, curve, record: dict) -> None:
+    """A picture, its transparency map, the two together and its curve (with `record`: how it was drawn)."""
+    from ..looks import transparent
+
+    write_atomic(out / f"{stem}.png", png_bytes((image * 255).round().astype("uint8")))
+    write_atomic(out / f"{stem}-alpha.png", png_bytes((alpha * 255).round().astype("uint8")))
+    write_atomic(out / f"{stem}-transparent.png", png_bytes(transparent(image, alpha)))
+    record = {**record, "target": stem, "objective": [round(float(v), 5) for v in curve]}
+    write_atomic(out / f"{stem}-curve.json", (json.dumps(record, indent=1) + "\n").encode())
 
 
 def models_of(args) -> list[str]:
@@ -104,10 +122,13 @@ def every_concept(args) -> int:
 
 
 def cmd_looks(args) -> int:
-    from ..looks import LooksError, Settings, draw, transparent
+    from ..looks import LooksError, Maco, Settings, draw
     from ..looks.alike import PERCENTILE
 
     try:
+        if (args.pictures or args.alike) and (args.position is not None or args.variants != 1 or args.negative):
+            raise UsageError("--position, --variants and --negative draw pictures of targets, not with --pictures "
+                             "or --alike")
         if args.pictures or (args.alike and not args.ids):
             if args.concepts is None or args.ids or args.unit or args.channel or args.label:
                 raise UsageError("--pictures draws every concept of a dictionary (and --alike alone measures how its "
@@ -131,26 +152,43 @@ def cmd_looks(args) -> int:
                              "--channel BLOCK:CHANNEL or --class NAME")
         if args.ids and args.concepts is None:
             raise UsageError("--ids are concept numbers of a dictionary: give it with --concepts DICT")
+        method = args.method
+        if args.box is not None:
+            if method != "maco" or not 0 < args.box[0] <= args.box[1] <= 1:
+                raise UsageError("--box takes MACO's crop sides, two fractions of the canvas's side with 0 < LO <= HI "
+                                 f"<= 1 (--method maco), not {' '.join(map(str, args.box))} with --method {method}")
+            method = Maco(box=tuple(args.box))
         out = prepare_out(Path(args.out))
-        settings = Settings(method=args.method, steps=args.steps, copies=args.copies, seed=args.seed,
-                            canvas=args.canvas)
-        drawing = draw(models_of(args), [target for _, target in named], settings=settings, device=args.device)
+        settings = Settings(method=method, steps=args.steps, copies=args.copies, seed=args.seed, canvas=args.canvas)
+        models, targets = models_of(args), [target for _, target in named]
+        drawings = [draw(models, targets, settings=settings, variants=args.variants, diversity=args.diversity,
+                         device=args.device)]
+        if args.negative:
+            drawings.append(draw(models, targets, settings=settings, negative=True, device=args.device))
     except LooksError as e:
         raise UsageError(str(e)) from None
-    for (stem, _), image, alpha, curve in zip(named, drawing.images, drawing.alpha, drawing.curve):
-        write_atomic(out / f"{stem}.png", png_bytes((image * 255).round().astype("uint8")))
-        write_atomic(out / f"{stem}-alpha.png", png_bytes((alpha * 255).round().astype("uint8")))
-        write_atomic(out / f"{stem}-transparent.png", png_bytes(transparent(image, alpha)))
-        record = {"models": list(drawing.models), "target": stem, "method": drawing.method, "steps": args.steps,
-                  "copies": args.copies, "seed": drawing.seed, "objective": [round(float(v), 5) for v in curve]}
-        write_atomic(out / f"{stem}-curve.json", (json.dumps(record, indent=1) + "\n").encode())
-    print(f"{len(named)} picture(s) drawn in {', '.join(drawing.models)} with {drawing.method} written to {out}")
+    for drawing in drawings:
+        record = {"models": list(drawing.models), "method": drawing.method, "steps": args.steps, "copies": args.copies,
+                  "seed": drawing.seed, "canvas": args.canvas, "box": args.box, "position": args.position}
+        n = drawing.variants
+        for i, (image, alpha, curve) in enumerate(zip(drawing.images, drawing.alpha, drawing.curve)):
+            stem, variant = named[i // n][0], i % n
+            if drawing.negative:
+                write_picture(out, f"{stem}-negative", image, alpha, curve, {**record, "negative": True})
+            elif n > 1:
+                write_picture(out, f"{stem}-v{variant}", image, alpha, curve,
+                              {**record, "variant": variant, "variants": n, "diversity": args.diversity})
+            else:
+                write_picture(out, stem, image, alpha, curve, record)
+    drawn = sum(len(d.images) for d in drawings)
+    print(f"{drawn} picture(s) drawn in {', '.join(drawings[0].models)} with {drawings[0].method} written to {out}")
     return 0
 
 
 def add_parser(sub) -> None:
     """`looks` under the main parser."""
     from ..looks import METHODS, Settings
+    from ..looks.draw import DIVERSITY
 
     defaults = Settings()
     p = sub.add_parser("looks", help="what a concept, unit, channel or class looks like (feature visualisation)")
@@ -167,6 +205,19 @@ def add_parser(sub) -> None:
     p.add_argument("--copies", type=int, default=defaults.copies, help="augmented copies of each picture per step")
     p.add_argument("--seed", type=int, default=defaults.seed)
     p.add_argument("--canvas", type=int, default=None, help="the canvas's side in px (default: the method's)")
+    p.add_argument("--box", nargs=2, type=float, metavar=("LO", "HI"), default=None,
+                   help="MACO's crop sides, fractions of the canvas's (default 0.5 0.6; the cards' pictures: --canvas "
+                        "32 --box 0.8 1.0, one picture of the concept a picture, as a photo holds it)")
+    p.add_argument("--position", type=int, default=None,
+                   help="a grid cell (row-major, from 0) to read a concept, unit or channel at (default: the grid's "
+                        "mean)")
+    p.add_argument("--variants", type=int, default=1,
+                   help="N pictures of each target drawn together from N starts, pushed apart by the diversity term "
+                        "(Olah et al. 2017): STEM-v0.png ... STEM-v{N-1}.png")
+    p.add_argument("--diversity", type=float, default=DIVERSITY,
+                   help="with --variants: the diversity term's weight against the objective")
+    p.add_argument("--negative", action="store_true",
+                   help="also the picture that lowers each target most (the objective minimised): STEM-negative.png")
     p.add_argument("--device", default=None, help="default: the GPU where there is one, else the CPU")
     p.add_argument("--pictures", action="store_true",
                    help="draw every concept of --concepts and write looks.safetensors beside it (the app's pictures)")

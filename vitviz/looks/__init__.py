@@ -9,6 +9,8 @@
     pictures = looks.pictures_of("vit-cifar10-last")      # every concept's, drawn once and shipped
     image, alpha = pictures.picture(394)
     looks.transparent(image, alpha)                       # h w 4 RGBA: the map applied, as the paper shows pictures
+    looks.draw("vit-cifar10", looks.Concept("vit-cifar10-last", 17), variants=3)   # three pictures, pushed apart
+    looks.draw("vit-cifar10", looks.Concept("vit-cifar10-last", 17, position=9), negative=True)   # lowers it most
     print(looks.alike("across-cifar10", 5).words())       # each model's picture in the others, x their 99th percentile
 
 The picture of a target is the image that excites it most, found by gradient ascent on a parametrised image seen
@@ -21,6 +23,7 @@ through random crops and noise (Olah et al. 2017). The rooms, in the order the w
 - `targets.py`: what is maximised, read from the trace (a dictionary's concept, an MLP's unit, a block's channel, a
   class logit), and across models the normalisation by each model's typical activation;
 - `draw.py`: `draw`, the optimisation, B pictures at once, in one model or several (Thasarathan et al. 2025);
+  N variants of each pushed apart by a diversity term (Olah et al. 2017), or the pictures that lower them most;
 - `alike.py`: whether the models of a dictionary across them see a concept alike: each model's own picture read in
   every model, against the photos' 99th percentile there (`alike`);
 - `pictures.py`: every concept's picture of a dictionary, drawn once (`make_pictures`) and shipped beside it

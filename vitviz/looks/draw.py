@@ -22,6 +22,21 @@ on the CPU in float32. Seeded per picture (`images.Randomness`, from `targets.Re
 and number, a unit's, channel's or class's place and models): the same seed, target and settings give the same
 picture on the same device, whatever else is drawn beside it; two concepts of one number in two dictionaries start
 apart; a concept of a dictionary across models starts alike in each of its models.
+
+Variants (Olah et al. 2017, "Feature Visualization", Distill: "Diversity"). N pictures of each target are drawn
+together, variant v from its own start (variant 0's the target's, so without the term it is the ordinary picture;
+variant v's the target's start and v), and the loss gains their diversity term, Lucid's `objectives.diversity`:
+
+    G_v = X_vᵀ X_v      X_v: variant v's grid tokens at the block its target reads, over its K copies (Kn x c)
+    D_b = 1/N Σ_v Σ_{w≠v} <G_v, G_w> / (|G_v| |G_w|)
+    loss = - Σ (objective - penalty) + diversity · Σ_b D_b
+
+so the variants are pushed toward different styles (which channels fire together: Gatys et al.'s Gram matrix),
+wherever on the picture. The block is the target's own (a class: the last), where every family's trace has the
+tokens. Its weight, `DIVERSITY`, is measured on a bundled dictionary's concepts (docs/looks.md): at 0.5 their
+Gram matrices' cosine falls from 0.89 to 0.73 and as many variants excite their concept as without it; at 2 they
+fire less. The negative is the same optimisation with the objective's sign turned: the picture that lowers it most
+(its curve, the objective, falls). Neither changes the ordinary drawing: without them the loss is the one above.
 """
 from __future__ import annotations
 
@@ -30,12 +45,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import Tensor
 from tqdm import tqdm
 
+from ..models.trace import Trace
 from .images import METHODS, Maco, Pixels, Randomness
 from .targets import LooksError, Readout, Target
 
 Progress = Callable[[int, int], None]   # (steps done, steps in all)
+MAX_VARIANTS = 8       # pictures of one target drawn together at most
+DIVERSITY = 0.5        # the diversity term's weight against the objective (docs/looks.md, "Variants": measured)
 DRAWING = 2            # the drawing's revision, recorded with shipped pictures: 2, the random phase offset and seeds
                        # from the target's identity (issue 56); 1, the standardised phase alone and seeds by number
 ALPHA_PERCENTILE = 80  # the transparency map is clipped here before it is applied (Horama's `plot_maco`)
@@ -71,13 +92,16 @@ class Settings:
 
 @dataclass(frozen=True)
 class Drawing:
-    """B pictures: their canvases, transparency maps and objective curves, as plain arrays."""
+    """B pictures (B targets x their N variants, target-major), their canvases, transparency maps and objective
+    curves, as plain arrays."""
     images: np.ndarray        # B S S 3 float32 in [0, 1]
     alpha: np.ndarray         # B S S float32 in [0, 1]: where the optimisation's gradient went (1: most)
     curve: np.ndarray         # B steps float32: the objective before each step
     models: tuple[str, ...]   # the models it was drawn in
     method: str
     seed: int
+    variants: int = 1         # N: picture b * N + v is target b's variant v
+    negative: bool = False    # whether each picture lowers its target (the objective minimised)
 
 
 def transparent(image: np.ndarray, alpha: np.ndarray, *, percentile: float = ALPHA_PERCENTILE) -> np.ndarray:
@@ -99,47 +123,95 @@ def device_for(device: str | torch.device | None) -> torch.device:
     return torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
 
 
-def draw(models, targets: Target | Sequence[Target], *, settings: Settings = Settings(),
-         device: str | torch.device | None = None, progress: Progress | None = None, bar: bool = True) -> Drawing:
+def gram_cosines(tokens: Tensor, *, variants: int, copies: int) -> Tensor:
+    """(B N K) n c grid tokens of B targets' N variants, each seen in K copies -> B N N: the cosine similarity of each
+    two variants' Gram matrices G = Xᵀ X (X: a variant's K n tokens, c wide), the style of a picture: which channels
+    fire together, wherever they do (Gatys et al. 2015)."""
+    x = rearrange(tokens.float(), '(b v k) n c -> b v (k n) c', v=variants, k=copies)
+    grams = F.normalize(torch.einsum('bvtc,bvtd->bvcd', x, x).flatten(2), dim=-1, eps=1e-10)
+    return torch.einsum('bvg,bwg->bvw', grams, grams)
+
+
+def diversity_term(trace: Trace, groups: dict[int, Tensor], *, targets: int, variants: int, copies: int) -> Tensor:
+    """B: each target's diversity term (Olah et al. 2017; Lucid's `objectives.diversity`): the summed cosine
+    similarity of each variant's Gram matrix with its N - 1 others', averaged over the N, at the block the target
+    reads (`groups`: block -> the targets that read it, from `Readout.blocks`). 0 for variants of unrelated styles,
+    N - 1 for variants alike."""
+    out = trace.logits.new_zeros(targets, dtype=torch.float32)
+    for index, chosen in groups.items():
+        block = trace.blocks[index]
+        tokens = rearrange(block.tokens[:, block.prefix:], '(b r) n c -> b r n c', b=targets)[chosen]
+        cosines = gram_cosines(rearrange(tokens, 'b r n c -> (b r) n c'), variants=variants, copies=copies)
+        out = out.index_copy(0, chosen, (cosines.sum((1, 2)) - cosines.diagonal(dim1=1, dim2=2).sum(-1)) / variants)
+    return out
+
+
+def style_groups(readout: Readout, variants: int) -> dict[int, Tensor]:
+    """The block each target of `readout` (its N variants each) reads -> those targets' numbers, on its device."""
+    blocks = readout.blocks[::variants]
+    return {index: torch.tensor([b for b, block in enumerate(blocks) if block == index], device=readout.loaded.device)
+            for index in dict.fromkeys(blocks)}
+
+
+def draw(models, targets: Target | Sequence[Target], *, settings: Settings = Settings(), variants: int = 1,
+         diversity: float = DIVERSITY, negative: bool = False, device: str | torch.device | None = None,
+         progress: Progress | None = None, bar: bool = True) -> Drawing:
     """One picture per target (B targets, drawn together), maximising it in every model of `models` at once (a
     model's name or a `hub.LoadedModel`, or several: the same concept of a dictionary across them, or the same
-    class). `progress(step, steps)` hears every step; `bar` shows tqdm's. Every target is checked against every
-    model before the first step, and refused in words (`LooksError`)."""
+    class). `variants` N > 1: N pictures of each target drawn together from N starts (variant 0's the target's own,
+    variant v's the target's and v), pushed apart by Olah et al.'s diversity term (`diversity_term`) weighted
+    `diversity`. `negative`: the pictures that lower each target most (the objective minimised; the curve is still
+    the objective). `progress(step, steps)` hears every step; `bar` shows tqdm's. Every target is checked against
+    every model before the first step, and refused in words (`LooksError`)."""
     from .. import hub
 
     targets = [targets] if isinstance(targets, Target) else list(targets)
     models = [models] if isinstance(models, (str, hub.LoadedModel)) else list(models)
     if not targets or not models:
         raise LooksError("Give at least one model and one target to draw.")
+    if not isinstance(variants, int) or isinstance(variants, bool) or not 1 <= variants <= MAX_VARIANTS:
+        raise LooksError(f"The variants must be a whole number from 1 to {MAX_VARIANTS}, not {variants!r}.")
+    if not isinstance(diversity, (int, float)) or isinstance(diversity, bool) or not 0 <= diversity < float("inf"):
+        raise LooksError(f"The diversity term's weight must be a number of at least 0, not {diversity!r}.")
     device = device_for(device if device is not None or isinstance(models[0], str) else models[0].device)
     models = [hub.load(m, device=device) if isinstance(m, str) else m for m in models]
     if any(m.device != device for m in models):
         raise LooksError(f"The models must be on one device ({device}): load them there.")
     dictionaries: dict = {}
-    readouts = [Readout(m, targets, dictionaries=dictionaries, normalised=len(models) > 1) for m in models]
+    pictured = [target for target in targets for _ in range(variants)]   # target-major: b * N + v
+    readouts = [Readout(m, pictured, dictionaries=dictionaries, normalised=len(models) > 1) for m in models]
     method, steps, copies = settings.method, settings.steps, settings.copies
     names = [m.name for m in models]
-    randomness = Randomness([readouts[0].start(t, names) for t in targets], seed=settings.seed, device=device)
+    starts = [readouts[0].start(t, names) for t in targets]
+    randomness = Randomness([start if v == 0 else f"{start}, variant {v}" for start in starts for v in range(variants)],
+                            seed=settings.seed, device=device)
+    styles = [style_groups(readout, variants) for readout in readouts] if variants > 1 else []
     image, optimiser, schedule = method.parametrise(randomness, side=settings.side([m.transform.crop for m in models]),
                                                     steps=steps)
     parameter = next(image.parameters())
-    curve = torch.zeros(steps, len(targets), device=device)
+    curve = torch.zeros(steps, len(pictured), device=device)
     alpha = None
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
-    for step in tqdm(range(steps), desc=f"drawing {len(targets)} with {method.name}", unit="step", disable=not bar,
+    for step in tqdm(range(steps), desc=f"drawing {len(pictured)} with {method.name}", unit="step", disable=not bar,
                      leave=False):
         canvas = image()
-        objective = 0
-        for loaded, readout in zip(models, readouts):
+        objective = alike = 0
+        for m, (loaded, readout) in enumerate(zip(models, readouts)):
             cut, noise = method.augment(canvas, randomness, copies=copies, size=loaded.transform.crop,
                                         progress=step / steps)
             with autocast:
                 trace = loaded.model.trace(loaded.transform.normalize(cut) + noise, grad=True, attention=False,
                                            units=readout.units)
             objective = objective + readout(trace, copies).mean(1) / readout.typical
+            if styles:
+                alike = alike + diversity_term(trace, styles[m], targets=len(targets), variants=variants,
+                                               copies=copies)
         objective = objective / len(models)
         curve[step] = objective.detach()
-        loss = -(objective - method.penalty(canvas)).sum()
+        gain = -objective if negative else objective
+        loss = -(gain - method.penalty(canvas)).sum()
+        if styles:
+            loss = loss + diversity * alike.sum() / len(models)
         parameter.grad, canvas_grad = torch.autograd.grad(loss, [parameter, canvas])
         alpha = canvas_grad.abs().sum(1) if alpha is None else alpha + canvas_grad.abs().sum(1)
         optimiser.step()
@@ -152,4 +224,5 @@ def draw(models, targets: Target | Sequence[Target], *, settings: Settings = Set
         final = image().permute(0, 2, 3, 1).float().cpu().numpy()
         alpha = alpha / alpha.flatten(1).max(1).values.clamp(min=1e-12)[:, None, None]
     return Drawing(images=final, alpha=alpha.float().cpu().numpy(), curve=curve.T.float().cpu().numpy(),
-                   models=tuple(m.name for m in models), method=method.name, seed=settings.seed)
+                   models=tuple(m.name for m in models), method=method.name, seed=settings.seed, variants=variants,
+                   negative=negative)

@@ -109,8 +109,9 @@ class Group:
 class Readout:
     """The targets of a batch of B images in one model, `readout(trace of the B K crops, K) -> B K` values. `units`:
     whether the trace must keep the MLPs' hidden units; `typical` (B): each target's typical activation in the model
-    (`typical_activation`; 1 unless asked for with `normalised`). Every target is checked against the model here,
-    once, and refused in words."""
+    (`typical_activation`; 1 unless asked for with `normalised`); `blocks` (B): the block each target reads (a
+    class: the last), where the variants' diversity term reads their style (`draw.diversity`). Every target is
+    checked against the model here, once, and refused in words."""
 
     def __init__(self, loaded, targets: Sequence[Target], *, dictionaries: dict | None = None,
                  normalised: bool = False):
@@ -120,14 +121,18 @@ class Readout:
             probe = loaded.model.trace(torch.zeros(1, 3, *loaded.transform.crop, device=loaded.device),
                                        attention=False, units=self.units)
         self.groups: dict[tuple, Group] = {}
+        self.blocks: list[int] = []
         for image, target in enumerate(targets):
             key, tokens, project, n, value = self._resolve(probe, target)
+            self.blocks.append(len(probe.blocks) - 1 if key[0] == "class" else key[1])   # (kind, block, ...)
             group = self.groups.setdefault(key, Group(tokens, project, n, [], [], []))
             group.images.append(image)
             group.ids.append(value)
             weights = torch.full((n,), 1 / n)
             if target.position is not None:
-                _checked(target.position, n, "position", f"The grid {loaded.name}'s target reads")
+                if not 0 <= _number(target.position, "The position") < n:
+                    raise LooksError(f"{loaded.name} reads this target on a grid of {n} cells (0 to {n - 1}, row by "
+                                     f"row): there is no position {target.position}.")
                 weights = torch.nn.functional.one_hot(torch.tensor(target.position), n).float()
             group.weights.append(weights)
         self.indices = {key: (torch.tensor(g.images, device=loaded.device), torch.tensor(g.ids, device=loaded.device),
@@ -156,6 +161,8 @@ class Readout:
         LooksError."""
         loaded = self.loaded
         if isinstance(target, Label):
+            if target.position is not None:
+                raise LooksError("A class logit has no place on the grid: draw it without a position.")
             if not loaded.has_classifier:
                 raise LooksError(f"{loaded.name} has no classifier, so there is no class logit to draw.")
             label = target.label
@@ -213,7 +220,7 @@ class Readout:
         def project(x: Tensor, ids: Tensor) -> Tensor:   # pre = x̃ W_enc + (b_enc - b_dec W_enc), at the ids
             bias = dictionary.b_enc - dictionary.b_dec @ dictionary.W_enc
             return torch.einsum('bknd,db->bkn', x, dictionary.W_enc[:, ids]) + bias[ids][:, None, None]
-        return ("concept", id(dictionary)), tokens, project, grid[0] * grid[1], concept
+        return ("concept", index, id(dictionary)), tokens, project, grid[0] * grid[1], concept
 
     def start(self, target: Target, models: Sequence[str]) -> str:
         """What seeds the randomness of `target`'s picture drawn in `models` (`images.Randomness`, with the seed). A

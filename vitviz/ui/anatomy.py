@@ -3,7 +3,8 @@ position-embedding similarity, mean attention distance per head), Swin's counter
 embedding: each head's relative position bias; and what a unit looks like: the picture that excites one hidden unit
 of a block's MLP most (a block's channel, for a ResNet, which has no MLP; or a dictionary's concept), drawn by
 feature visualisation (`vitviz.looks`, through `gpu.draw_pictures`), with its transparency map and the objective's
-curve: the app's `/looks`."""
+curve, at one grid cell if asked, as several variants pushed apart and with the picture lowering it most if asked:
+the app's `/looks`."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -15,18 +16,21 @@ import gradio as gr
 from .. import catalog
 from ..explain import mean_attention_distance
 from ..render import attention_distance_plot, filter_tiles, position_tiles, relative_bias_tiles
-from ..render.looks import alpha_view, curve_plot, picture_view
+from ..render.looks import GAP, alpha_view, curve_plot, picture_row, picture_view
 from . import gpu
 from .pictures import method_words
 from .shared import HIDDEN, INSTANT, MODEL_EVENTS, Page, as_files, session
 
 LOOKS_METHODS = ("maco", "pixels")   # `looks.METHODS`' names (vitviz.looks is imported when a picture is drawn)
 MAX_STEPS = 256   # a drawing's steps at most: a few minutes of the bundled models on a CPU
+MAX_VARIANTS = 4  # pictures of a target drawn together here at most (the library's `draw.MAX_VARIANTS`: 8)
+ROW_SIDE = 192    # px: each picture's tile where several are shown, two to a row
 LOOKS_WORDS = ("**What a unit looks like**: the picture that excites one hidden unit of a block's MLP most, found by "
                "gradient ascent on an image seen through random crops (feature visualisation; MACO holds it to a "
                "natural photo's spectrum, pixels paints it freely). A ResNet has no MLP, so a block's channel is drawn "
                "for it; a dictionary's concept can be drawn too. Several models: one picture exciting the target in "
-               "all of them at once.")
+               "all of them at once. A position reads the target at one grid cell; variants are pictures from other "
+               "starts pushed apart in style (Olah et al. 2017), the negative the picture that lowers it most.")
 
 
 class Looks(NamedTuple):
@@ -65,12 +69,21 @@ def model_names(models) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def looks(models, kind="unit", block=1, number=0, dictionary="", method="maco", steps=64, seed=0,
-          progress=gr.Progress()) -> Looks:
+def position_of(position) -> int | None:
+    """The position box's text (or a number, through the API): empty for the grid's mean, else a grid cell (a whole
+    number from 0), or a gr.Error saying so."""
+    text = "" if position is None else str(position).strip()
+    return None if not text else gpu.whole_number(text, "The position (a grid cell)")
+
+
+def looks(models, kind="unit", block=1, number=0, dictionary="", method="maco", steps=64, seed=0, position=None,
+          variants=1, negative=False, progress=gr.Progress()) -> Looks:
     """Draw what a target looks like in `models` at once (one `gpu.draw_pictures` call): a `kind` 'unit' (of block
     `block`'s MLP, from 1), 'channel' (of block `block`'s output) or 'concept' (of the dictionary `dictionary`),
-    number `number` (from 0); `method` 'maco' or 'pixels', `steps` steps, seed `seed`. -> the picture, its
-    transparency map, the objective's curve and the words."""
+    number `number` (from 0), at grid cell `position` (row by row from 0; None: the grid's mean); `method` 'maco' or
+    'pixels', `steps` steps, seed `seed`; `variants` pictures pushed apart (1 to `MAX_VARIANTS`) and, with
+    `negative`, the one lowering it most. -> the picture (several: two to a row, labelled), its transparency map, the
+    objective's curve and the words."""
     from ..looks import LooksError, Settings
 
     names = model_names(models)
@@ -78,21 +91,35 @@ def looks(models, kind="unit", block=1, number=0, dictionary="", method="maco", 
     if steps > MAX_STEPS:
         raise gr.Error(f"A drawing here takes at most {MAX_STEPS} steps, not {steps}: the command line takes more "
                        f"(vitviz looks --steps).")
+    variants = gpu.whole_number(variants, "The variants", least=1)
+    if variants > MAX_VARIANTS:
+        raise gr.Error(f"A drawing here makes at most {MAX_VARIANTS} variants, not {variants}: the command line makes "
+                       f"more (vitviz looks --variants).")
     try:
         settings = Settings(method=method, steps=steps, seed=gpu.whole_number(seed, "The seed"))
     except LooksError as e:
         raise gr.Error(str(e)) from None
     source = gpu.dictionary_source(dictionary) if kind == "concept" else ""
-    (drawn,) = gpu.draw_pictures([names], kind, number, block=block, dictionary=source, settings=settings,
-                                 progress=progress)
-    curve = drawn.curve
-    rising = curve[-1] - curve[-max(2, len(curve) // 10)] > 0.02 * abs(curve[-1])   # over its last tenth
-    words = (f"**{' + '.join(drawn.models)}**, {drawn.target}: {method_words(settings.method.name)}, {steps} steps of "
-             f"{settings.copies} crops, seed {settings.seed}, drawn in {drawn.seconds:.0f} s; the objective went from "
-             f"{curve[0]:.2f} to {curve[-1]:.2f}" + ("; still rising at its end: more steps would take it further"
-                                                     if rising else "") + ".")
-    return Looks(picture_view(drawn.image), alpha_view(drawn.alpha), curve_plot({drawn.target: drawn.curve}),
-                 " ".join(line for line in (drawn.note, words) if line))
+    drawn = gpu.draw_pictures([names], kind, number, block=block, dictionary=source, settings=settings,
+                              position=position_of(position), variants=variants, negative=bool(negative),
+                              progress=progress)
+    first = drawn[0]
+    rising = [p.curve[-1] - p.curve[-max(2, len(p.curve) // 10)] > 0.02 * abs(p.curve[-1]) for p in drawn
+              if p.label != "negative"]   # over its last tenth
+    went = "; ".join(f"{p.label + ': ' if p.label else ''}{p.curve[0]:.2f} to {p.curve[-1]:.2f}" for p in drawn)
+    words = (f"**{' + '.join(first.models)}**, {first.target}: {method_words(settings.method.name)}, {steps} steps of "
+             f"{settings.copies} crops, seed {settings.seed}, drawn in {sum(p.seconds for p in drawn):.0f} s; the "
+             f"objective went from {went}" + ("; still rising at its end: more steps would take it further"
+                                              if any(rising) else "") + ".")
+    words = " ".join(line for line in (first.note, words) if line)
+    if len(drawn) == 1:
+        return Looks(picture_view(first.image), alpha_view(first.alpha), curve_plot({first.target: first.curve}),
+                     words)
+    row = lambda pairs: picture_row(pairs, side=ROW_SIDE, per_row=2, width=2 * (ROW_SIDE + GAP) + GAP)
+    labels = [p.label or "its picture" for p in drawn]
+    return Looks(row(list(zip(labels, (p.image for p in drawn)))),
+                 row([(label, alpha_view(p.alpha, side=ROW_SIDE)) for label, p in zip(labels, drawn)]),
+                 curve_plot({label: p.curve for label, p in zip(labels, drawn)}), words)
 
 
 def looks_plan(key, models, steps) -> str:
@@ -160,6 +187,15 @@ def layout(page: Page) -> AnatomyTab:
             method = gr.Radio(list(LOOKS_METHODS), value="maco", label="method", min_width=160, elem_id="looks-method")
             steps = gr.Slider(4, MAX_STEPS, value=64, step=4, label="steps", min_width=200, elem_id="looks-steps")
             seed = gr.Number(value=0, precision=0, minimum=0, label="seed", min_width=100, elem_id="looks-seed")
+        with gr.Row(equal_height=False):
+            position = gr.Textbox(value="", label="position", placeholder="the whole grid",
+                                  info="a grid cell, row by row from 0; empty: the whole grid", min_width=160,
+                                  elem_id="looks-position")
+            variants = gr.Slider(1, MAX_VARIANTS, value=1, step=1, label="variants",
+                                 info="pictures from other starts, pushed apart", min_width=200,
+                                 elem_id="looks-variants")
+            negative = gr.Checkbox(value=False, label="and the negative", info="the picture lowering it most",
+                                   min_width=160, elem_id="looks-negative")
             draw = gr.Button("Draw", variant="primary", scale=0, min_width=120, elem_id="looks-draw")
         plan = gr.Markdown(elem_id="looks-plan")
         with gr.Row(equal_height=False):
@@ -175,7 +211,8 @@ def layout(page: Page) -> AnatomyTab:
     for i, control in enumerate((bias_layer_a, bias_layer_b)):
         control.submit(as_files(render_biases), inputs=[page.key, bias_layer_a, bias_layer_b], outputs=[bias_a, bias_b],
                        api_name="render_biases" if i == 0 else None, **INSTANT, **({} if i == 0 else HIDDEN))
-    draw.click(as_files(looks), inputs=[models, kind, block, number, dictionary, method, steps, seed],
+    draw.click(as_files(looks), inputs=[models, kind, block, number, dictionary, method, steps, seed, position,
+                                        variants, negative],
                outputs=[picture, alpha, curve, words], api_name="looks", **MODEL_EVENTS)
     for control in (models.change, steps.release):
         control(looks_plan, inputs=[page.key, models, steps], outputs=[plan], api_name=None, **INSTANT, **HIDDEN)

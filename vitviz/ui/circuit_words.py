@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ..session import ModelRun
 from . import gpu
-from .concepts import change, percent
+from .concept_words import change, percent
 
 OWN = "each model's own"   # the class box's value for each model's own top class
 SIDES = ("left", "right")

@@ -64,7 +64,8 @@ class Card(NamedTuple):
     words: str
     graph_a: object
     graph_b: object
-    draw: object   # the "Draw this concept" button: shown for a concept node without pictures
+    draw: object       # the "Draw this concept" button: shown for a concept node without pictures
+    variants: object   # the "Draw variants" button: shown for a concept node whose variants are not drawn
 
 
 def class_box(key) -> tuple[gr.Dropdown, gr.Dropdown]:
@@ -253,7 +254,7 @@ def node_asked(key, found: list[gpu.CircuitReading | str], side: int, node) -> p
 def node_card(key, asked, picked) -> Card:
     """The card of the node picked ('side:node id'), and both graphs with it framed."""
     if key is None or asked is None or not picked:
-        return Card(None, "", gr.skip(), gr.skip(), gr.Button(visible=False))
+        return Card(None, "", gr.skip(), gr.skip(), gr.Button(visible=False), gr.Button(visible=False))
     side, node_id = picked.split(":", 1)
     runs_, found = runs(key), readings(key, tuple(asked))
     side = int(side)
@@ -273,26 +274,33 @@ def node_card(key, asked, picked) -> Card:
                       for k, (run, graph, mine) in enumerate(zip(runs_, graphs, shared))]
     words = card_words(runs_[side], reading, node, partner)
     if node.kind != "concept":
-        return Card(card_picture(runs_[side], reading, node), words, *graph_pictures, gr.Button(visible=False))
+        return Card(card_picture(runs_[side], reading, node), words, *graph_pictures, gr.Button(visible=False),
+                    gr.Button(visible=False))
     asked = node_asked(key, found, side, node)
     shown = pictures.card_pictures(key, asked)
     words += "\n\n" + pictures.words(key, asked, f"**What it looks like** ({node.name})")
     return Card(card_picture(runs_[side], reading, node, shown), words, *graph_pictures,
-                gr.Button(visible=not shown))
+                *pictures.buttons(key, asked))
 
 
-def draw_node(key, asked, picked, progress=gr.Progress()) -> Card:
-    """"Draw this concept": the picked concept node's pictures (a GPU call the first time; kept in the session), and
-    its card drawn again with them."""
+def draw_node(key, asked, picked, progress=gr.Progress(), *, drawing=pictures.draw,
+              button: str = "Draw this concept") -> Card:
+    """"Draw this concept" (or, with `drawing` `pictures.draw_variants`, "Draw variants"): the picked concept node's
+    pictures (a GPU call the first time; kept in the session), and its card drawn again with them."""
     if key is None or asked is None or not picked:
-        raise gr.Error("Draw the circuits and pick a concept node first, then press Draw this concept.")
+        raise gr.Error(f"Draw the circuits and pick a concept node first, then press {button}.")
     side, node_id = picked.split(":", 1)
     found = readings(key, tuple(asked))
     reading = found[int(side)]
     if isinstance(reading, str) or node_id not in {n.id for n in reading.circuit.nodes if n.kind == "concept"}:
         raise gr.Error("Only a concept node has pictures: pick one in the graphs or the list.")
-    pictures.draw(key, node_asked(key, found, int(side), reading.circuit.node(node_id)), progress)
+    drawing(key, node_asked(key, found, int(side), reading.circuit.node(node_id)), progress)
     return node_card(key, asked, picked)
+
+
+def draw_node_variants(key, asked, picked, progress=gr.Progress()) -> Card:
+    """"Draw variants": the picked concept node's variants and negative (`pictures.draw_variants`), on its card."""
+    return draw_node(key, asked, picked, progress, drawing=pictures.draw_variants, button="Draw variants")
 
 
 def picked_at(side: int) -> Callable:
@@ -374,6 +382,7 @@ def layout(page: Page) -> CircuitsTab:
             with gr.Column(min_width=300):
                 words = gr.Markdown(elem_id="circuits-card-words")
                 draw_concept = gr.Button("Draw this concept", visible=False, elem_id="circuits-draw-concept")
+                draw_variants = gr.Button("Draw variants", visible=False, elem_id="circuits-draw-variants")
 
     with tab:   # not among the top-level Tabs' children, which Gradio's frontend counts as its tabs' indices
         is_open, asked = gr.State(False), gr.State(None)
@@ -387,11 +396,12 @@ def layout(page: Page) -> CircuitsTab:
                     scope.input):
         control(as_files(render_circuits), inputs=[key, *choices], outputs=outputs, api_name=None, **MODEL_EVENTS,
                 **HIDDEN)
-    card_outputs = [card, words, graph_a, graph_b, draw_concept]
+    card_outputs = [card, words, graph_a, graph_b, draw_concept, draw_variants]
     picker.change(as_files(node_card), inputs=[key, asked, picker], outputs=card_outputs, api_name=None, **INSTANT,
                   **HIDDEN)
-    draw_concept.click(as_files(draw_node), inputs=[key, asked, picker], outputs=card_outputs, api_name=None,
-                       **MODEL_EVENTS, **HIDDEN)   # `/looks`'s computation, for the picked node
+    for button, handler in ((draw_concept, draw_node), (draw_variants, draw_node_variants)):
+        button.click(as_files(handler), inputs=[key, asked, picker], outputs=card_outputs, api_name=None,
+                     **MODEL_EVENTS, **HIDDEN)   # `/looks`'s computation, for the picked node
     for side, graph in enumerate((graph_a, graph_b)):
         graph.select(picked_at(side), inputs=[key, asked], outputs=[picker], api_name=None, **INSTANT, **HIDDEN)
     page.tabs.select(circuits_open, outputs=[is_open], api_name="circuits_open", **INSTANT, **HIDDEN)

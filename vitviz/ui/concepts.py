@@ -7,28 +7,26 @@ photo lists the concepts active there in both models.
 
 One model pass reads it all (`gpu.concepts`, once per photo and pair of dictionaries, kept in the session); the
 cards and the click are drawn from what it returned. Each card shows what its concept looks like too (`pictures.py`:
-shipped beside its dictionary, or drawn here by "Draw this concept" once the card is picked)."""
+shipped beside its dictionary, or drawn here by "Draw this concept" once the card is picked; its variants and
+negative by "Draw variants")."""
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 from typing import NamedTuple
 
 import gradio as gr
 import numpy as np
 
 from .. import catalog
-from ..concepts.build import METRICS
 from ..render.concepts import cell_overlay, concept_card, exemplar_layout, exemplar_tile, photo_side
 from ..session import ModelRun
-from . import gpu, pictures, serving
+from . import gpu, pictures
+from .concept_words import column_words, shared_words, table
 from .shared import HIDDEN, INSTANT, MODEL_EVENTS, WHOLE, Page, as_files, run_point, runs, session
 
 TITLE = "Concepts"
-UNCHANGED = 5e-4      # a probability that moves less than this is said not to move
 WORDS = ("**What each model represents, one concept at a time.** A concept dictionary (a sparse autoencoder) splits "
          "a block's tokens into many learned directions, its concepts; each card is one of the photo's most active, "
          "where it fires on the photo (hatched: unseen) over its top images from a data set, and the table under "
@@ -38,7 +36,6 @@ POINT_WORDS = "Click the photo (the input image at the top) to list the concepts
 PICK_WORDS = "Click a card to pick its concept: where its pictures come from, or **Draw this concept** where none ship."
 PINNED_WORDS = ("Opened on **concept {concept}** of **{dictionary}**: explain any photo and its card comes first in "
                 "each column that reads {dictionary}, where it fires on the photo over its top images.")
-TOKENS = {"patch": "patch tokens", "patch+cls": "patch and class tokens", "cls": "class token", "position": "positions"}
 
 
 class Shown(NamedTuple):
@@ -91,109 +88,6 @@ def reading(key, dictionary_a, dictionary_b, pinned=None, *, compute: bool = Tru
     return kept.reading(("concepts", *sources, pin), read if compute else None)
 
 
-def percent(p: float, digits: int | None = None) -> str:
-    """A share in percent: whole from 10 % up, with one decimal below (or with `digits` decimals)."""
-    return f"{100 * p:.{(1 if p < 0.1 else 0) if digits is None else digits}f}%"
-
-
-def change(before: float, after: float) -> str:
-    """'39% -> 44%'; with a decimal more where the two would read the same."""
-    digits = None if percent(before) != percent(after) else 1
-    return f"{percent(before, digits)} -> {percent(after, digits)}"
-
-
-def moved(removal: gpu.Removal, concept: int) -> str:
-    """What removing `concept` does to the top class, in words ('' where it was not measured)."""
-    if concept not in removal.without:
-        return ""
-    probability, top = removal.without[concept]
-    if abs(probability - removal.probability) < UNCHANGED and top == removal.target:
-        return f"{removal.target} stays at {percent(removal.probability)}"
-    words = f"{removal.target} {change(removal.probability, probability)}"
-    return words + (f" ({top} on top)" if top != removal.target else "")
-
-
-def concept_cell(source: str, concept: int) -> str:
-    """A concept's number, linking to its page in the concept atlas the app serves, where it has one."""
-    page = serving.atlas_page(source, concept)
-    return f"[{concept}]({page})" if page else str(concept)
-
-
-def table_rows(found: gpu.Concepts, side: int) -> tuple[list[str], list[list[str]]]:
-    """A column's table, one row per card in gallery order: (the heads, the rows). How strongly its concept fires on
-    the photo, on how much of it and of the data set, at the class token, in the other model, and what removing it
-    does; a part the column lacks (no exemplar index, no class token, no removal) has no column."""
-    column = found.columns[side]
-    at_class = dict(column.class_top or ())
-    parts = [("concept", lambda k, c: concept_cell(column.source, c))]
-    if any(name.words for name in column.names):
-        parts.append(("name", lambda k, c: column.names[k].words))
-    parts += [("code", lambda k, c: f"{column.activation[k]:.2f}"), ("photo", lambda k, c: percent(column.on_photo[k]))]
-    if column.frequency is not None:
-        parts.append(("data", lambda k, c: percent(column.frequency[k])))
-    if column.class_top is not None:
-        parts.append(("class token", lambda k, c: f"{at_class[c]:.2f}" if c in at_class else ""))
-    if found.both is not None:
-        parts.append(("both models", lambda k, c: "both" if c in found.both else "only this one"))
-    if column.partners is not None:
-        parts.append(("match", lambda k, c: "none" if column.partners[k] is None else
-                      f"{column.partners[k][0]} ({column.partners[k][1]:.2f})"))
-    born = born_at(column.source)
-    if born is not None:
-        parts.append(("born at", lambda k, c: "not at the end" if born[c] is None else f"step {born[c]}"))
-    if column.removal is not None:
-        parts.append(("without it", lambda k, c: moved(column.removal, c)))
-    rows = [[cell(k, int(c)) for _, cell in parts] for k, c in enumerate(column.concepts)]
-    return [head for head, _ in parts], rows
-
-
-def table_words(run: ModelRun, found: gpu.Concepts, side: int) -> str:
-    """The line above a column's table: what its numbers are."""
-    column = found.columns[side]
-    named = any(name.words for name in column.names)
-    words = [f"**{run.name}**, card by card: " + (f"*name*, the classes of its top images in "
-                                                  f"{Path(column.data).name} (their shares); " if named else "")
-             + "*code*, how strongly each fires on the photo; *photo*, on what share of its cells"]
-    if column.frequency is not None:
-        words.append(f"*data*, of {Path(column.data).name}'s tokens")
-    if column.partners is not None:
-        words.append(f"*match*, {found.columns[1 - side].model}'s concept whose map goes with it (correlation)")
-    if born_at(column.source) is not None:
-        words.append("*born at*, the step of the training run from which it carries at least half its final share of "
-                     "the block's variance")
-    if column.removal is not None:
-        words.append(f"*without it*, the top class with it removed from block {column.block + 1}")
-    return "; ".join(words) + "."
-
-
-def table(run: ModelRun, found: gpu.Concepts, side: int) -> str:
-    """A column's concepts as a Markdown table, under the line that says what its numbers are."""
-    heads, rows = table_rows(found, side)
-    numbers = {"concept", "code", "photo", "data", "class token"}   # right-aligned
-    lines = [heads, ["---:" if head in numbers else "---" for head in heads], *rows]
-    return table_words(run, found, side) + "\n\n" + "\n".join(f"| {' | '.join(line)} |" for line in lines)
-
-
-def evaluated(source: str) -> dict:
-    """What `vitviz concepts evaluate` wrote of a dictionary on held-out images (its metrics.json; {} where it has
-    none, as a dictionary from the Hub)."""
-    folder = gpu.dictionary_folder(source)
-    report = None if folder is None else folder / METRICS
-    return json.loads(report.read_text()) if report is not None and report.is_file() else {}
-
-
-def held_out_fvu(source: str) -> float | None:
-    """The held-out FVU of a dictionary of one model (None: not measured, or one across models, whose report is an
-    R² matrix)."""
-    return evaluated(source).get("fvu")
-
-
-def born_at(source: str) -> list[int | None] | None:
-    """Of a dictionary across a training run's checkpoints, each concept's birth step (`concepts.analysis.birth`;
-    None for one not in the trained model); None for any other dictionary."""
-    return evaluated(source).get("births", {}).get("born_at")
-
-
 def card_photo(run: ModelRun, column: gpu.ConceptReading) -> np.ndarray:
     """The photo every card of a column draws its concept's map on, at the size the card shows it, the part the
     model never saw shaded."""
@@ -242,40 +136,6 @@ def cards(key, run: ModelRun, found: gpu.Concepts, side: int) -> tuple[list, str
     items = [(card(run, column, k, base, pictures.card_pictures(key, card_asked(key, found, side, c))), f"{int(c)}")
              for k, c in enumerate(column.concepts)]
     return items, table(run, found, side)
-
-
-def column_words(run: ModelRun, column: gpu.ConceptReading | str) -> str:
-    """A column's line: its dictionary (with its held-out FVU where its folder records one), and the concept whose
-    removal moves the prediction most, or why there is no removal or no exemplar image."""
-    if isinstance(column, str):
-        return f"**{run.name}**: {column}"
-    fvu = held_out_fvu(column.source)
-    what = (f"**{run.name}** through **{column.source}** (block {column.block + 1}'s "
-            f"{TOKENS.get(column.tokens, column.tokens)}, {column.n_concepts} concepts, {column.grid[0]} x "
-            f"{column.grid[1]} grid" + ("" if fvu is None else f"; held-out FVU {fvu:.3f}") + ")")
-    if column.removal is not None:
-        changes = {c: p - column.removal.probability for c, (p, _) in column.removal.without.items()}
-        strongest = max(changes, key=lambda c: abs(changes[c]))
-        what += (f": removing any one concept leaves {column.removal.target} at {percent(column.removal.probability)}"
-                 if abs(changes[strongest]) < UNCHANGED else
-                 f": removing concept {strongest} moves the prediction most, {moved(column.removal, strongest)}")
-    elif column.removal_words:
-        what += f". No removal: {column.removal_words}"
-    if column.exemplars is None:
-        what += f". No exemplar images: {column.exemplar_words}"
-    return what if what.endswith(".") else what + "."
-
-
-def shared_words(found: gpu.Concepts) -> str:
-    """The line on what the two columns share: one dictionary across both, or two matched, or why not matched."""
-    if found.both is not None:
-        return ("One dictionary across both models: a concept is the same in both columns, those both fire on the "
-                "photo first.")
-    if found.match_words:
-        return f"Two separate dictionaries: {found.match_words}"
-    if any(not isinstance(column, str) and column.partners is not None for column in found.columns):
-        return "Two separate dictionaries, their concepts matched by the correlation of their maps over a data set."
-    return ""
 
 
 def render_concepts(key, dictionary_a, dictionary_b, pinned=None) -> Shown:
@@ -335,32 +195,39 @@ def concepts_at(key, point, dictionary_a, dictionary_b, pinned=None) -> str:
 
 def picked_at(side: int) -> Callable:
     """The handler of a click on one column's card: its concept picked ((side, concept)), the line on its pictures,
-    and the draw button shown where it has none."""
+    and the draw buttons shown where there is something to draw (`pictures.buttons`)."""
     def pick(key, dictionary_a, dictionary_b, pinned, evt: gr.SelectData):
         found = None if key is None else reading(key, dictionary_a, dictionary_b, pinned, compute=False)
         if found is None or isinstance(found.columns[side], str):
-            return gr.skip(), gr.skip(), gr.skip()
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip()
         column, k = found.columns[side], int(evt.index)
         asked = card_asked(key, found, side, column.concepts[k])
         what = f"**{column.names[k].title}** ({runs(key)[side].name})"
-        return ((side, int(column.concepts[k])), pictures.words(key, asked, what),
-                gr.Button(visible=not pictures.card_pictures(key, asked)))
+        return ((side, int(column.concepts[k])), pictures.words(key, asked, what), *pictures.buttons(key, asked))
     return pick
 
 
-def draw_picked(key, dictionary_a, dictionary_b, pinned, picked, progress=gr.Progress()) -> tuple:
-    """"Draw this concept": the picked card's pictures (a GPU call the first time; kept in the session), and both
-    columns' cards drawn again with them."""
-    found = None if key is None else reading(key, dictionary_a, dictionary_b, pinned, compute=False)
-    if found is None or not picked:
-        raise gr.Error("Read the concepts and click a card first, then press Draw this concept.")
-    side, concept = picked
-    column = found.columns[side]
-    asked = card_asked(key, found, side, concept)
-    drawn = pictures.draw(key, asked, progress)
-    shown = render_concepts(key, dictionary_a, dictionary_b, pinned)
-    what = f"**{column.names[list(column.concepts).index(concept)].title}** ({runs(key)[side].name})"
-    return shown.concepts_a, shown.concepts_b, pictures.drawn_words(drawn, what), gr.Button(visible=False)
+def drawer(drawing: Callable, button: str) -> Callable:
+    """The handler of a draw button (`button`, its words) on the picked card: `drawing(key, asked, progress)`
+    (`pictures.draw`: "Draw this concept"; `pictures.draw_variants`: "Draw variants"; a GPU call the first time,
+    kept in the session), and both columns' cards drawn again with what it drew."""
+    def handler(key, dictionary_a, dictionary_b, pinned, picked, progress=gr.Progress()) -> tuple:
+        found = None if key is None else reading(key, dictionary_a, dictionary_b, pinned, compute=False)
+        if found is None or not picked:
+            raise gr.Error(f"Read the concepts and click a card first, then press {button}.")
+        side, concept = picked
+        column = found.columns[side]
+        asked = card_asked(key, found, side, concept)
+        drawn = drawing(key, asked, progress)
+        shown = render_concepts(key, dictionary_a, dictionary_b, pinned)
+        what = f"**{column.names[list(column.concepts).index(concept)].title}** ({runs(key)[side].name})"
+        return (shown.concepts_a, shown.concepts_b, pictures.drawn_words(drawn, what),
+                *pictures.buttons(key, asked))
+    return handler
+
+
+draw_picked = drawer(pictures.draw, "Draw this concept")
+draw_variants_picked = drawer(pictures.draw_variants, "Draw variants")
 
 
 def pick_line(pinned) -> str:
@@ -409,6 +276,7 @@ def layout(page: Page) -> ConceptsTab:
         with gr.Row(equal_height=True):
             pick_words = gr.Markdown(PICK_WORDS, elem_id="concepts-pick")
             draw = gr.Button("Draw this concept", visible=False, scale=0, min_width=180, elem_id="concepts-draw")
+            variants = gr.Button("Draw variants", visible=False, scale=0, min_width=150, elem_id="concepts-variants")
         with gr.Row(equal_height=False):
             with gr.Column():
                 concepts_a = gr.Gallery(label="left: the photo's concepts", columns=2, **WHOLE, elem_id="concepts-a")
@@ -423,18 +291,21 @@ def layout(page: Page) -> ConceptsTab:
         is_open, picked, pinned = gr.State(False), gr.State(None), gr.State(None)
     inputs, outputs = [key, dictionary_a, dictionary_b, pinned], [note, concepts_a, concepts_b, words_a, words_b,
                                                                   point_words]
-    unpicked = dict(fn=lambda pin: (None, pick_line(pin), gr.Button(visible=False)), inputs=[pinned],
-                    outputs=[picked, pick_words, draw], api_name=None, **INSTANT, **HIDDEN)   # new cards: none picked
+    unpicked = dict(fn=lambda pin: (None, pick_line(pin), gr.Button(visible=False), gr.Button(visible=False)),
+                    inputs=[pinned], outputs=[picked, pick_words, draw, variants], api_name=None, **INSTANT,
+                    **HIDDEN)   # new cards: none picked
     read.click(as_files(render_concepts), inputs=inputs, outputs=outputs, api_name="concepts",
                **MODEL_EVENTS).then(**unpicked)
     tab.select(as_files(render_concepts), inputs=inputs, outputs=outputs, api_name=None, **MODEL_EVENTS,
                **HIDDEN).then(**unpicked)
     page.tabs.select(concepts_open, outputs=[is_open], api_name="concepts_open", **INSTANT, **HIDDEN)
     for side, gallery in enumerate((concepts_a, concepts_b)):
-        gallery.select(picked_at(side), inputs=inputs, outputs=[picked, pick_words, draw], api_name=None, **INSTANT,
-                       **HIDDEN)
-    draw.click(as_files(draw_picked), inputs=[*inputs, picked], outputs=[concepts_a, concepts_b, pick_words, draw],
-               api_name=None, **MODEL_EVENTS, **HIDDEN)   # `/looks`'s computation, for the picked card
+        gallery.select(picked_at(side), inputs=inputs, outputs=[picked, pick_words, draw, variants], api_name=None,
+                       **INSTANT, **HIDDEN)
+    for button, handler in ((draw, draw_picked), (variants, draw_variants_picked)):   # `/looks`'s computation
+        button.click(as_files(handler), inputs=[*inputs, picked],
+                     outputs=[concepts_a, concepts_b, pick_words, draw, variants], api_name=None, **MODEL_EVENTS,
+                     **HIDDEN)
 
     def explained(event, public: bool) -> None:
         """After an Explain: each column's dictionary for its model, the last photo's cards cleared and, with this

@@ -10,6 +10,11 @@ Of a dictionary across models a card shows the picture that excites the concept 
 then each model's own, each labelled with its model: whether the families see the concept alike. Shipped, those are
 all the dictionary's models; drawn here, the card's (both of the page's models where both columns read the
 dictionary).
+
+On request ("Draw variants", once a card is picked) a card shows `VARIANTS` more pictures of its concept, drawn
+together from other starts and pushed apart in style (`looks.draw(variants=)`, Olah et al. 2017's diversity term),
+and the picture that lowers it most ("negative"), in the card's models at once, with the same settings; kept in the
+session beside its pictures. The same computation as `/looks` with its variants and negative.
 """
 from __future__ import annotations
 
@@ -18,12 +23,14 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+import gradio as gr
 import numpy as np
 
 from . import gpu
 from .shared import session
 
 SHARED_LABEL, ONE_LABEL = "shared", "its picture"
+VARIANTS = 3   # a card's variants drawn on request, beside its negative
 
 
 @dataclass(frozen=True)
@@ -80,8 +87,14 @@ def drawn(key, asked: Asked) -> list[gpu.Picture] | None:
     return session(key).reading(("looks", asked))
 
 
-def card_pictures(key, asked: Asked) -> list[tuple[str, np.ndarray]]:
-    """A card's (label, picture) pairs, first found first (the module docstring); [] for none."""
+def variants_drawn(key, asked: Asked) -> list[gpu.Picture] | None:
+    """The variants and negative drawn for `asked` in this session, or None."""
+    return session(key).reading(("variants", asked))
+
+
+def own_pictures(key, asked: Asked) -> list[tuple[str, np.ndarray]]:
+    """A card's (label, picture) pairs, first found first (the module docstring); [] for none: "Draw this concept"
+    has work to do."""
     kept = drawn(key, asked)
     if kept is not None:
         return [(label, picture.image) for label, picture in zip(asked.labels(), kept)]
@@ -93,6 +106,18 @@ def card_pictures(key, asked: Asked) -> list[tuple[str, np.ndarray]]:
     return ([(SHARED_LABEL, found.picture(asked.concept)[0])]
             + [(label, found.picture(asked.concept, model)[0])
                for label, model in zip(short_names(found.models), found.models)])
+
+
+def card_pictures(key, asked: Asked) -> list[tuple[str, np.ndarray]]:
+    """What a card shows: its own pictures, then its variants ('v1', ...) and negative where drawn."""
+    extra = [(p.label.replace("variant ", "v"), p.image) for p in variants_drawn(key, asked) or []]
+    return own_pictures(key, asked) + extra
+
+
+def buttons(key, asked: Asked) -> tuple:
+    """The picked card's "Draw this concept" and "Draw variants", each shown where it has something to draw."""
+    return (gr.Button(visible=not own_pictures(key, asked)),
+            gr.Button(visible=variants_drawn(key, asked) is None))
 
 
 def method_words(name: str) -> str:
@@ -107,30 +132,36 @@ def settings():
     return SETTINGS
 
 
-def estimate(key, asked: Asked) -> float:
-    """The seconds drawing a card's pictures should take, from its models' input sizes (this session's cards)."""
+def estimate(key, plan: list[list[str]]) -> float:
+    """The seconds drawing a card's pictures (one per entry of `plan`, `Asked.plan`'s) should take, from its models'
+    input sizes (this session's cards)."""
     kept = session(key)
     sizes = {name: run.loaded.transform.crop for name, run in zip(kept.names, kept.runs)}
-    return gpu.drawing_seconds([[sizes[m] for m in entry] for entry in asked.plan()], settings())
+    return gpu.drawing_seconds([[sizes[m] for m in entry] for entry in plan], settings())
 
 
 def words(key, asked: Asked, what: str) -> str:
     """The line under a picked card: where its pictures come from, or the offer to draw them (with how long that
-    takes, said before it starts). `what`: the concept as the card names it."""
+    takes, said before it starts), and the offer of its variants. `what`: the concept as the card names it."""
+    found, s = shipped(asked.source), settings()
+    if variants_drawn(key, asked) is not None:
+        more = f" Its {VARIANTS} variants (v1 to v{VARIANTS}) and its negative were drawn here."
+    else:
+        seconds = estimate(key, [list(asked.models)] * (VARIANTS + 1))
+        more = (f" **Draw variants** draws {VARIANTS} more from other starts, pushed apart in style, and the picture "
+                f"that lowers it most, in {' and '.join(asked.models)} at once ({gpu.duration_words(seconds)}).")
     if drawn(key, asked) is not None:
-        return f"{what}: its pictures were drawn here, on this page's models."
-    found = shipped(asked.source)
+        return f"{what}: its pictures were drawn here, on this page's models.{more}"
     if found is not None and 0 <= asked.concept < found.n_concepts:
         made, across = found.settings, len(found.sets) > 1
         return (f"{what}: its {'pictures ship' if across else 'picture ships'} with {asked.source} "
                 f"({method_words(made['method'])}, {made['steps']} steps, seed {made['seed']}"
-                + ("; the shared one and each model's own" if across else "") + ")."
+                + ("; the shared one and each model's own" if across else "") + f").{more}"
                 + alike_words(found.alike(asked.concept, asked.source)))
-    s = settings()
     where = " and ".join(asked.models) + (" at once, then in each alone" if len(asked.models) > 1 else "")
     return (f"{what}: no picture of it ships with {asked.source}. **Draw this concept** draws one in {where} "
             f"({method_words(s.method.name)}, {s.steps} steps of {s.copies} crop{'s' * (s.copies > 1)}, seed {s.seed}; "
-            f"{gpu.duration_words(estimate(key, asked))}).")
+            f"{gpu.duration_words(estimate(key, asked.plan()))}).{more}")
 
 
 def alike_words(found) -> str:
@@ -155,8 +186,18 @@ def draw(key, asked: Asked, progress=None) -> list[gpu.Picture]:
     return session(key).reading(("looks", asked), compute)
 
 
+def draw_variants(key, asked: Asked, progress=None) -> list[gpu.Picture]:
+    """Draw a card's variants and negative (one `gpu.draw_pictures` call, in the card's models at once, with the
+    shipped settings), kept in the session."""
+    def compute():
+        return gpu.draw_pictures([list(asked.models)], "concept", asked.concept, dictionary=asked.source,
+                                 settings=settings(), variants=VARIANTS, negative=True, progress=progress)
+    return session(key).reading(("variants", asked), compute)
+
+
 def drawn_words(pictures: list[gpu.Picture], what: str) -> str:
     """What a drawing made, in words: its pictures, their time, and how far each objective rose."""
-    rose = "; ".join(f"{' + '.join(p.models)}: {p.curve[0]:.2f} -> {p.curve[-1]:.2f}" for p in pictures)
+    rose = "; ".join(f"{' + '.join(p.models)}{' ' + p.label if p.label else ''}: {p.curve[0]:.2f} -> "
+                     f"{p.curve[-1]:.2f}" for p in pictures)
     return (f"{what}: drawn in {sum(p.seconds for p in pictures):.0f} s, now on its card (the objective, first step "
             f"to last: {rose}).")
