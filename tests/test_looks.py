@@ -411,6 +411,12 @@ def test_command_writes_each_picture_with_its_map_and_curve(tmp_path, capsys):
         assert seen.shape == (64, 64, 4) and np.array_equal(seen[..., :3], image)
         record = json.loads((tmp_path / f"{stem}-curve.json").read_text())
         assert record["models"] == ["vit-cifar10"] and len(record["objective"]) == 3
+    # the scale to look at it: MACO's default canvas is twice the input, its crops half of it (32-38 px)
+    assert ("Scale: a 64 px canvas, seen each step as crops of 32-38 px resized to the models' input (32 px): its "
+            "crops at that size excite the target" in capsys.readouterr().out)
+    assert main(["looks", "--concepts", "vit-cifar10-last", "--ids", "394", "--steps", "1", "--copies", "1", "--canvas",
+                 "32", "--box", "0.8", "1.0", "--out", str(tmp_path), "--device", "cpu"]) == 0
+    assert "crops of 26-32 px resized to the models' input (32 px): the whole picture" in capsys.readouterr().out
     for argv, words in [
         (["--concepts", "vit-cifar10-last", "--ids", "768"], "no concept 768"),
         (["--model", "vit-cifar10", "--unit", "9:1"], "no block 9"),

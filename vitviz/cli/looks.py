@@ -182,7 +182,23 @@ def cmd_looks(args) -> int:
                 write_picture(out, stem, image, alpha, curve, record)
     drawn = sum(len(d.images) for d in drawings)
     print(f"{drawn} picture(s) drawn in {', '.join(drawings[0].models)} with {drawings[0].method} written to {out}")
+    if isinstance(settings.method, Maco):
+        print(scale_words(settings.method, drawings[0].images.shape[1], models))
     return 0
+
+
+def scale_words(method, canvas: int, models: list[str]) -> str:
+    """At which scale to look at a MACO picture: the crops the models saw each step, against their inputs."""
+    from .. import hub
+
+    low, high = (round(side * canvas) for side in method.box)
+    inputs = sorted({f"{hub.load(m).transform.crop[0]} px" for m in models})
+    whole = low >= 0.8 * canvas
+    return (f"Scale: a {canvas} px canvas, seen each step as crops of {low}-{high} px resized to the models' input "
+            f"({', '.join(inputs)}): " + ("the whole picture is what excites the target." if whole else
+                                         "its crops at that size excite the target, the whole picture at once less "
+                                         "so; to draw it to be seen whole, as the app's cards are: --canvas "
+                                         f"{inputs[0].split()[0]} --box 0.8 1.0."))
 
 
 def add_parser(sub) -> None:
