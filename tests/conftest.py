@@ -3,7 +3,8 @@
 huggingface_hub reads HF_ENDPOINT and HF_HOME once, when it is imported, so both are set here,
 before any test module imports it: the fake Hub's socket is bound now (its port goes into
 HF_ENDPOINT) and it starts answering when a test asks for the `hub` fixture. No test reaches the
-real Hub or touches ~/.cache/huggingface; offline mode and tokens from the shell are cleared.
+real Hub or touches ~/.cache/huggingface; offline mode and tokens from the shell are cleared. Pictures the app
+draws on request are kept in a folder of each test's own (`drawn_pictures`), so no test finds another's.
 """
 import os
 import shutil
@@ -23,7 +24,16 @@ if "huggingface_hub" in sys.modules:
 for variable in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_TOKEN",
                  "HF_HUB_ETAG_TIMEOUT", "HF_HUB_DOWNLOAD_TIMEOUT"):
     os.environ.pop(variable, None)
-os.environ.update(HF_HOME=HF_HOME, HF_ENDPOINT=HUB.url, HF_HUB_DISABLE_TELEMETRY="1")
+os.environ.update(HF_HOME=HF_HOME, HF_ENDPOINT=HUB.url, HF_HUB_DISABLE_TELEMETRY="1",
+                  VITVIZ_PICTURES=tempfile.mkdtemp(prefix="vitviz-tests-pictures-"))   # app servers' drawn pictures
+
+
+@pytest.fixture(autouse=True)
+def drawn_pictures(tmp_path_factory, monkeypatch) -> Path:
+    """The folder the app keeps pictures drawn on request in (`vitviz.ui.drawn`), new for each test."""
+    folder = tmp_path_factory.mktemp("drawn-pictures")
+    monkeypatch.setenv("VITVIZ_PICTURES", str(folder))
+    return folder
 
 
 @pytest.fixture(scope="session")

@@ -170,3 +170,27 @@ def test_command_writes_variants_and_the_negative_and_refuses_in_words(tmp_path,
         assert words in capsys.readouterr().err
     assert main(["looks", "--model", "vit-cifar10", "--class", "cat", "--position", "3", "--out", str(tmp_path)]) == 2
     assert "a class's logit has no place on the grid" in capsys.readouterr().err
+
+
+def test_pictures_drawn_on_request_are_kept_on_disk_by_what_made_them(monkeypatch, drawn_pictures):
+    """The app's drawings (`ui.drawn`): the same request again reads the kept file (no model pass) and gives the
+    same arrays; another setting, seed, position or number is another file; a damaged file is drawn again."""
+    from vitviz.looks import Settings
+    from vitviz.ui import drawn, gpu
+
+    calls, draw = [], gpu.draw_pictures
+    monkeypatch.setattr(gpu, "draw_pictures", lambda *a, **k: calls.append(a) or draw(*a, **k))
+    ask = lambda number=5, seed=0, position=None: drawn.draw_pictures(
+        [["vit-cifar10"]], "unit", number, block=2, settings=Settings(steps=2, copies=1, seed=seed),
+        position=position)
+    first = ask()
+    again = ask()
+    assert len(calls) == 1 and len(list(drawn_pictures.glob("*.safetensors"))) == 1
+    for a, b in zip(first, again):
+        assert all(np.array_equal(getattr(a, f), getattr(b, f)) for f in ("image", "alpha", "curve"))
+        assert (a.models, a.target, a.note, a.label) == (b.models, b.target, b.note, b.label)
+    ask(seed=1), ask(number=6), ask(position=3)
+    assert len(calls) == 4 and len(list(drawn_pictures.glob("*.safetensors"))) == 4
+    for path in drawn_pictures.glob("*.safetensors"):
+        path.write_bytes(b"not a safetensors file")
+    assert all(np.array_equal(a.image, b.image) for a, b in zip(ask(), first)) and len(calls) == 5

@@ -18,6 +18,7 @@ from ..explain import mean_attention_distance
 from ..render import attention_distance_plot, filter_tiles, position_tiles, relative_bias_tiles
 from ..render.looks import GAP, alpha_view, curve_plot, picture_row, picture_view
 from . import gpu
+from .drawn import draw_pictures as drawn_pictures
 from .pictures import method_words
 from .shared import HIDDEN, INSTANT, MODEL_EVENTS, Page, as_files, session
 
@@ -100,9 +101,9 @@ def looks(models, kind="unit", block=1, number=0, dictionary="", method="maco", 
     except LooksError as e:
         raise gr.Error(str(e)) from None
     source = gpu.dictionary_source(dictionary) if kind == "concept" else ""
-    drawn = gpu.draw_pictures([names], kind, number, block=block, dictionary=source, settings=settings,
-                              position=position_of(position), variants=variants, negative=bool(negative),
-                              progress=progress)
+    drawn = drawn_pictures([names], kind, number, block=block, dictionary=source, settings=settings,
+                           position=position_of(position), variants=variants, negative=bool(negative),
+                           progress=progress)
     first = drawn[0]
     rising = [p.curve[-1] - p.curve[-max(2, len(p.curve) // 10)] > 0.02 * abs(p.curve[-1]) for p in drawn
               if p.label != "negative"]   # over its last tenth

@@ -27,6 +27,7 @@ import gradio as gr
 import numpy as np
 
 from . import gpu
+from .drawn import draw_pictures as drawn_pictures
 from .shared import session
 
 SHARED_LABEL, ONE_LABEL = "shared", "its picture"
@@ -181,8 +182,8 @@ def alike_words(found) -> str:
 def draw(key, asked: Asked, progress=None) -> list[gpu.Picture]:
     """Draw a card's pictures (one `gpu.draw_pictures` call with the shipped settings), kept in the session."""
     def compute():
-        return gpu.draw_pictures(asked.plan(), "concept", asked.concept, dictionary=asked.source, settings=settings(),
-                                 progress=progress)
+        return drawn_pictures(asked.plan(), "concept", asked.concept, dictionary=asked.source, settings=settings(),
+                              progress=progress)
     return session(key).reading(("looks", asked), compute)
 
 
@@ -190,8 +191,8 @@ def draw_variants(key, asked: Asked, progress=None) -> list[gpu.Picture]:
     """Draw a card's variants and negative (one `gpu.draw_pictures` call, in the card's models at once, with the
     shipped settings), kept in the session."""
     def compute():
-        return gpu.draw_pictures([list(asked.models)], "concept", asked.concept, dictionary=asked.source,
-                                 settings=settings(), variants=VARIANTS, negative=True, progress=progress)
+        return drawn_pictures([list(asked.models)], "concept", asked.concept, dictionary=asked.source,
+                              settings=settings(), variants=VARIANTS, negative=True, progress=progress)
     return session(key).reading(("variants", asked), compute)
 
 
