@@ -35,21 +35,7 @@ from .effects import (
     edges_between,
     integrated_gradients,
 )
-from .graph import (
-    EDGE_SHARE,
-    FAITHFUL,
-    GROUP,
-    INPUT,
-    LOGIT,
-    MOST,
-    UNREAD,
-    Circuit,
-    Edge,
-    Node,
-    group_id,
-    node_id,
-    unread_id,
-)
+from .graph import EDGE_SHARE, FAITHFUL, MOST, Circuit, Place, graph_edges, graph_nodes, node_id
 from .host import OnHost, read_states, to_host
 from .prefixes import ablated_rows, prefix_faithfulness
 from .sites import Site, image_sites
@@ -87,8 +73,9 @@ def circuit(loaded, pixels: Tensor, sites: Sequence[Site], metric: Metric, *, ba
     members = [[int(c) for c in np.argsort(where.concepts) if where.concepts[c] < size] for where in prefixes.positions]
     drawn, grouped = [m[:most] for m in members], [m[most:] for m in members]
     tables = to_host(edge_tables(loaded, pixels, sites, states, drawn, grouped, frozen=frozen))
-    edges, unread = graph_edges(sites, host, tables, drawn, grouped, edge_share=edge_share)
-    nodes = graph_nodes(sites, host, tables[:len(sites)], drawn, grouped,
+    places = [Place(site.block, site.grid, site.class_token) for site in sites]
+    edges, unread = graph_edges(places, host, tables, drawn, grouped, edge_share=edge_share)
+    nodes = graph_nodes(places, host, tables[:len(sites)], drawn, grouped,
                         [bool(where.error < size) for where in prefixes.positions], unread,
                         metric_name=metric.describe(labels), value=value, names=names)
     result = Circuit(
@@ -142,34 +129,6 @@ def _site_record(site: Site, state: SiteState, host: OnHost) -> dict:
             "concept_effect": float(host.effects.sum())}
 
 
-def _grid_values(site: Site, values: np.ndarray) -> tuple[list[float], float | None]:
-    """A rows-long vector -> (its grid cells row-major, its class token's value or None)."""
-    if site.class_token:
-        return values[1:].tolist(), float(values[0])
-    return values.tolist(), None
-
-
-def _concept_node(site: Site, host: OnHost, concept: int, codes: np.ndarray, name: str | None) -> Node:
-    where, class_token = _grid_values(site, codes)
-    return Node(id=node_id(site.block, concept), kind="concept", name=name or f"concept {concept}",
-                effect=float(host.effects[concept]), block=site.block, concept=concept,
-                activation=float(host.activations[concept]), grid=site.grid, map=where, class_token=class_token)
-
-
-def _group_node(site: Site, host: OnHost, concepts: list[int], codes: np.ndarray) -> Node:
-    where, class_token = _grid_values(site, codes)
-    return Node(id=group_id(site.block), kind=GROUP, name=f"{len(concepts)} more concepts",
-                effect=float(host.effects[concepts].sum()), block=site.block, concepts=concepts,
-                activation=float(host.activations[concepts].sum()), grid=site.grid, map=where, class_token=class_token)
-
-
-def _error_node(site: Site, host: OnHost, *, in_circuit: bool) -> Node:
-    where, class_token = _grid_values(site, host.error_map)
-    return Node(id=node_id(site.block, None), kind="error", name="error",
-                effect=host.error_effect, block=site.block, activation=host.error_activation, grid=site.grid,
-                map=where, class_token=class_token, in_circuit=in_circuit)
-
-
 def edge_tables(loaded, pixels: Tensor, sites: Sequence[Site], states: Sequence[SiteState],
                 drawn: Sequence[list[int]], grouped: Sequence[list[int]], *, frozen: bool) -> list[Tensor]:
     """On the device: each site's drawn concepts' codes at its rows (rows x drawn, then the group's summed codes
@@ -194,53 +153,6 @@ def edge_tables(loaded, pixels: Tensor, sites: Sequence[Site], states: Sequence[
             sources.append(concept_edges[:, grouped[i]].sum(1, keepdim=True))
         tables.append(torch.cat([*sources, error_edges[:, None], total[:, None], inflow[:, None]], 1))
     return tables
-
-
-def graph_edges(sites: Sequence[Site], host: Sequence[OnHost], tables: Sequence[np.ndarray],
-                drawn: Sequence[list[int]], grouped: Sequence[list[int]], *, edge_share: float
-                ) -> tuple[list[Edge], list[float | None]]:
-    """The edges between the drawn nodes from `edge_tables` read to the host: the input's into the first site (each
-    node's effect), each consecutive pair's (pruned by each target's inflow), the last site's into the metric; and
-    per site the effect of the upstream site that passes its dictionary by (None where no edge into it is kept)."""
-    def ids(s: int, unread: bool = False) -> list[str]:
-        block = sites[s].block
-        return [*(node_id(block, c) for c in drawn[s]), *([group_id(block)] if grouped[s] else []),
-                node_id(block, None), *([unread_id(block)] if unread else [])]
-
-    def effects(s: int) -> list[float]:
-        group = [float(host[s].effects[grouped[s]].sum())] if grouped[s] else []
-        return [*(float(host[s].effects[c]) for c in drawn[s]), *group, host[s].error_effect]
-
-    edges = [Edge(INPUT, target, weight) for target, weight in zip(ids(0), effects(0))]
-    unread: list[float | None] = [None]
-    for i, weights in enumerate(tables[len(sites):]):   # targets x (sources, the error, the total, the inflow)
-        for target, (*row, _, inflow) in zip(ids(i + 1, unread=True), weights.tolist()):
-            edges += [Edge(source, target, weight) for source, weight in zip(ids(i), row)
-                      if inflow > 0 and abs(weight) >= edge_share * inflow]
-        passed = any(e.target == unread_id(sites[i + 1].block) for e in edges)
-        unread.append(float(weights[-1, -2]) if passed else None)   # the unread row's total over every source
-    last = len(sites) - 1
-    edges += [Edge(source, LOGIT, weight) for source, weight in zip(ids(last), effects(last))]
-    return edges, unread
-
-
-def graph_nodes(sites: Sequence[Site], host: Sequence[OnHost], maps: Sequence[np.ndarray], drawn: Sequence[list[int]],
-                grouped: Sequence[list[int]], errors_in: Sequence[bool], unread: Sequence[float | None], *,
-                metric_name: str, value: float, names: Sequence[dict[int, str] | None] | None) -> list[Node]:
-    """The graph's nodes: the photo, each site's drawn concepts, its group, its error and what passes it by, the
-    metric."""
-    nodes = [Node(id=INPUT, kind="input", name="the photo")]
-    for s, site in enumerate(sites):
-        named = (names[s] if names else None) or {}
-        nodes += [_concept_node(site, host[s], c, maps[s][:, i], named.get(c)) for i, c in enumerate(drawn[s])]
-        if grouped[s]:
-            nodes.append(_group_node(site, host[s], grouped[s], maps[s][:, -1]))
-        nodes.append(_error_node(site, host[s], in_circuit=errors_in[s]))
-        if unread[s] is not None:   # the upstream site's effect that passes this dictionary by
-            nodes.append(Node(id=unread_id(site.block), kind=UNREAD, name="not read by its dictionary",
-                              effect=unread[s], block=site.block))
-    nodes.append(Node(id=LOGIT, kind="logit", name=metric_name, effect=value))
-    return nodes
 
 
 def patching_check(loaded, pixels: Tensor, sites: Sequence[Site], states: Sequence[SiteState],
