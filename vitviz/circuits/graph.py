@@ -18,11 +18,15 @@ against activation patching, and the graph's size.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .host import OnHost
+
+if TYPE_CHECKING:
+    from .adjacency import Adjacency
 
 FAITHFUL = 0.6      # the F the circuit must reach
 EDGE_SHARE = 0.05   # of each node's absolute inflow
@@ -109,6 +113,8 @@ class Circuit:
     patching: dict = field(default_factory=dict)
     candidates: int = 0               # concept nodes there were to choose from (every site's concepts)
     notes: list[str] = field(default_factory=list)   # what a reader must know to read it, in words
+    # a photo's circuit: what it was pruned from, to be pruned again at another size on the host (`adjacency.py`)
+    adjacency: Adjacency | None = field(default=None, repr=False, compare=False)
 
     def node(self, node: str) -> Node:
         return next(n for n in self.nodes if n.id == node)
@@ -129,7 +135,7 @@ class Circuit:
 
     def to_json(self) -> dict:
         """The graph as plain data (numbers to DIGITS significant digits)."""
-        data = {k: v for k, v in asdict(self).items() if k not in ("nodes", "edges")}
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("nodes", "edges", "adjacency")}
         data["nodes"] = [{k: _round(v) for k, v in asdict(n).items() if v is not None} for n in self.nodes]
         data["edges"] = [{**asdict(e), "weight": _round(e.weight)} for e in self.edges]
         data["size"] = self.size

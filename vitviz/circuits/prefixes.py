@@ -9,7 +9,9 @@ other at its baseline (the sites patched in depth order, each reading what the p
 
 m(k) is measured on a geometric grid of `GRID` sizes, then at every size below the grid's first that reaches the
 target, so the circuit, the smallest prefix reaching it, is exact, and costs about as many rows as it has nodes
-rather than as the ranking; the grid draws the curve beyond. Where |m(M) - m(∅)| is below `SPREAD` of the photo's
+rather than as the ranking; the grid draws the curve beyond. A photo's circuit is kept to be pruned again on the
+host (`adjacency.py`): it has every size measured up to `RESIZE` times its own (at least `RESIZABLE` nodes, and
+with `every` every size of the ranking: `Prefixes.held`). Where |m(M) - m(∅)| is below `SPREAD` of the photo's
 logits' standard deviation, the nodes together do not move the answer and no ratio means anything: F is None, and
 the circuit says so in a sentence (`Prefixes.size`).
 
@@ -21,12 +23,13 @@ third and fourth site).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from ..concepts.kinds.dictionary import ConceptsError
 from .effects import Metric, ablated
 from .host import OnHost, to_host
 from .sites import Site
@@ -34,6 +37,8 @@ from .sites import Site
 SPREAD = 0.1  # |m(M) - m(∅)| below this share of the logits' standard deviation: F is no ratio worth reading
 PREFIXES = 256   # prefixes of the ranking measured in one forward (the model's batch)
 GRID = 24        # prefix sizes measured first, geometric from 1 to every ranked node
+RESIZE = 2       # a circuit kept to be pruned again has every size measured up to this many times its own
+RESIZABLE = 64   # and at least this many nodes (every node where the ranking is shorter)
 
 
 @dataclass(frozen=True)
@@ -51,7 +56,8 @@ UNRANKED = np.inf
 class Prefixes:
     """m for prefixes of the ranking of all nodes by |effect| (the first k nodes kept, every other at its
     baseline), and what F is made of. `counts` are the sizes measured, increasing from 0: every size up to the
-    circuit's, so the smallest reaching the target is exact, and a geometric grid beyond it up to every node."""
+    circuit's (`exact`), so the smallest reaching the target is exact, and a geometric grid beyond it up to every
+    node."""
     positions: list[Position]      # per site
     counts: np.ndarray             # the prefix sizes measured, 0 first, every ranked node last
     m: np.ndarray                  # m at each of them
@@ -68,6 +74,12 @@ class Prefixes:
     @property
     def ranked(self) -> int:
         return len(self.effects)
+
+    @property
+    def exact(self) -> int:
+        """The largest size up to which every size was measured."""
+        gaps = np.flatnonzero(np.diff(self.counts) != 1)
+        return int(self.counts[gaps[0]] if gaps.size else self.counts[-1])
 
     @property
     def defined(self) -> bool:
@@ -106,23 +118,48 @@ class Prefixes:
                    f"something, F = {self.faithfulness(self.at(n)):.2f} (the rest of the answer is in what the sites "
                    f"leave out or in nodes too small to rank).")
 
+    def held(self, size: int, *, every: bool = False) -> int:
+        """Up to which size a circuit of `size` nodes, kept to be pruned again, has every size measured: `RESIZE`
+        times its own (at least `RESIZABLE`, at most the ranking), or with `every` the whole ranking."""
+        return self.ranked if every else min(self.ranked, max(size, RESIZABLE, RESIZE * size))
+
+    def with_sizes(self, sizes: np.ndarray, m: np.ndarray) -> Prefixes:
+        """These prefixes with m at more `sizes`."""
+        return replace(self, counts=np.concatenate([self.counts, sizes]), m=np.concatenate([self.m, m])).sorted()
+
+    def sorted(self) -> Prefixes:
+        order = np.argsort(self.counts, kind="stable")
+        return replace(self, counts=self.counts[order], m=self.m[order])
+
+    def chosen(self, faithful: float, nodes: int | None = None) -> tuple[int, str | None]:
+        """The circuit's size and the sentence a reader needs: `nodes` where given (refused in words beyond the
+        ranking), else the smallest reaching `faithful` (`size`)."""
+        if nodes is None:
+            return self.size(faithful)
+        if not 0 <= nodes <= self.ranked:
+            raise ConceptsError(f"A circuit of {nodes} nodes cannot be drawn: {self.ranked} nodes do something here "
+                                f"(from 0 to {self.ranked}).")
+        return nodes, None if self.defined else self.undefined_words()
+
     def undefined_words(self) -> str:
         """Why F is undefined here, in a sentence."""
         return (f"F is undefined here: every node at its baseline moves the metric only from {self.value:.3g} to "
                 f"{self.empty:.3g}, less than {SPREAD:.0%} of the spread of the logits ({self.spread:.3g}), so the "
                 f"nodes together do not carry this answer and no share of it can be measured.")
 
-    def report(self, size: int, *, faithful: float, without_circuit: float, errors_kept: tuple[float, float]) -> dict:
+    def report(self, size: int, *, faithful: float, without_circuit: float | None,
+               errors_kept: tuple[float, float | None]) -> dict:
         """`Circuit.faithfulness`: F and the three values it divides, the metric and the curve at the sizes
-        measured."""
+        measured; completeness and the errors-kept variant where they were measured at this size (else None)."""
         empty_kept, circuit_kept = errors_kept
         kept_span = self.value - empty_kept
-        kept_defined = abs(kept_span) > self.floor and abs(kept_span) >= SPREAD * self.spread
+        kept_defined = circuit_kept is not None and abs(kept_span) > self.floor and \
+            abs(kept_span) >= SPREAD * self.spread
         concepts = int(self.concept_counts[size])
         return {
             "value": self.faithfulness(self.at(size)), "target": faithful,
             "full": self.value, "empty": self.empty, "circuit": self.at(size),
-            "completeness": self.faithfulness(without_circuit),
+            "completeness": None if without_circuit is None else self.faithfulness(without_circuit),
             "without_circuit": without_circuit,
             "logit_spread": self.spread, "nodes": size, "concept_nodes": concepts, "error_nodes": size - concepts,
             "ranked_nodes": self.ranked, "active_concepts": int(self.concept_counts[-1]),
@@ -156,11 +193,12 @@ def ranking(host: Sequence[OnHost], floor: float) -> tuple[list[Position], list[
 
 def prefix_faithfulness(loaded, pixels: Tensor, sites: Sequence[Site], host: Sequence[OnHost], metric: Metric, *,
                         value: float, baseline: str, floor: float, faithful: float | None = None,
-                        fractions: Sequence[float] = ()) -> Prefixes:
+                        fractions: Sequence[float] = (), nodes: int | None = None) -> Prefixes:
     """m for prefixes of the `ranking` of every node by |effect|, and the photo's logits' spread: first a geometric
     grid of `GRID` sizes (with 0, every node and the sizes at `fractions` of the ranking), then every size below the
-    grid's first whose F reaches `faithful` (without it, or where none does, every size), so the smallest size
-    reaching it is exact and costs about as many rows as the circuit has nodes, not as the ranking. Two reads."""
+    grid's first whose F reaches `faithful` (without it, or where none does, every size; with `nodes`, every size up
+    to it), so the smallest size reaching it is exact and costs about as many rows as the circuit has nodes, not as
+    the ranking. Two reads."""
     positions, ranked = ranking(host, floor)
     n = len(ranked)
 
@@ -177,9 +215,12 @@ def prefix_faithfulness(loaded, pixels: Tensor, sites: Sequence[Site], host: Seq
     grid = grid[grid <= n]   # no node ranked (nothing moves the answer): the empty prefix alone
     m, spread = measure(grid, with_photo=True)
     on_grid = measured(positions, ranked, grid, m, value=value, spread=float(spread), floor=floor)
-    reached = on_grid.reaches(faithful) if faithful is not None else None
-    below = n if faithful is None or not on_grid.defined or reached is None else reached
-    rest = np.setdiff1d(np.arange(1, below), grid)
+    reached = on_grid.reaches(faithful) if faithful is not None and nodes is None else None
+    if nodes is not None:
+        upto = min(nodes, n)
+    else:
+        upto = n if faithful is None or not on_grid.defined or reached is None else reached
+    rest = np.setdiff1d(np.arange(1, upto + 1), grid)
     if rest.size:   # every size below the grid's first that reaches the target: the smallest is exact
         grid, m = np.concatenate([grid, rest]), np.concatenate([m, measure(rest)[0]])
     return measured(positions, ranked, grid, m, value=value, spread=float(spread), floor=floor)
@@ -189,11 +230,10 @@ def measured(positions: list[Position], ranked: list[tuple[float, int, int]], si
              value: float, spread: float, floor: float) -> Prefixes:
     """`Prefixes` of a `ranking` from m at the prefix `sizes` (in any order)."""
     is_concept = np.array([c >= 0 for _, _, c in ranked], dtype=np.int64)
-    order = np.argsort(sizes, kind="stable")
-    return Prefixes(positions=positions, counts=np.asarray(sizes)[order], m=np.asarray(m)[order],
+    return Prefixes(positions=positions, counts=np.asarray(sizes), m=np.asarray(m),
                     concept_counts=np.concatenate([[0], np.cumsum(is_concept)]).astype(np.int64),
                     effects=np.array([e for e, _, _ in ranked], dtype=np.float64), value=value, spread=spread,
-                    floor=floor)
+                    floor=floor).sorted()
 
 
 def prefix_tree(positions: Sequence[Position], sizes: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray],
