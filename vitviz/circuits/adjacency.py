@@ -49,7 +49,7 @@ from ..files import write_atomic
 from .effects import SiteState, edges_between
 from .graph import Circuit, Place, graph_edges, graph_nodes
 from .host import OnHost
-from .prefixes import UNRANKED, Position, Prefixes, measured
+from .prefixes import Position, Prefixes, measured, placed
 from .sites import Site
 
 FORMAT, VERSION = "vitviz-circuit-adjacency", 1
@@ -76,16 +76,11 @@ class Adjacency:
 
     @cached_property
     def prefixes(self) -> Prefixes:
-        positions = [Position(concepts=np.full(h.effects.size, UNRANKED), error=UNRANKED) for h in self.host]
-        ranking = []
-        for place, (s, c) in enumerate(self.ranked.tolist()):
-            if c < 0:
-                positions[s] = Position(concepts=positions[s].concepts, error=place)
-            else:
-                positions[s].concepts[c] = place
-            ranking.append((abs(self.host[s].error_effect if c < 0 else float(self.host[s].effects[c])), s, c))
-        return measured(positions, ranking, self.counts, self.m, value=self.header["value"], spread=self.spread,
-                        floor=self.floor)
+        """m at the sizes measured along the ranking, and what F is made of."""
+        ranking = [(abs(self.host[s].error_effect if c < 0 else float(self.host[s].effects[c])), s, c)
+                   for s, c in self.ranked.tolist()]
+        return measured(placed(ranking, [h.effects.size for h in self.host]), ranking, self.counts, self.m,
+                        value=self.header["value"], spread=self.spread, floor=self.floor)
 
     def held_concepts(self, s: int) -> np.ndarray:
         """Site s's concepts among the first `held` ranked nodes, in concept order: the columns of its maps."""

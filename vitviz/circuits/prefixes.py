@@ -182,13 +182,18 @@ def ranking(host: Sequence[OnHost], floor: float) -> tuple[list[Position], list[
         np.abs(h.effects) > floor)]
     effects += [(abs(h.error_effect), s, -1) for s, h in enumerate(host) if abs(h.error_effect) > floor]
     ranked = sorted(effects, key=lambda e: -e[0])
-    positions = [Position(concepts=np.full(h.effects.size, UNRANKED), error=UNRANKED) for h in host]
+    return placed(ranked, [h.effects.size for h in host]), ranked
+
+
+def placed(ranked: Sequence[tuple[float, int, int]], concepts: Sequence[int]) -> list[Position]:
+    """Each site's `Position` (`concepts`: how many it has) from the ranked (|effect|, site, concept or -1)."""
+    positions = [Position(concepts=np.full(n, UNRANKED), error=UNRANKED) for n in concepts]
     for place, (_, s, c) in enumerate(ranked):
         if c < 0:
             positions[s] = Position(concepts=positions[s].concepts, error=place)
         else:
             positions[s].concepts[c] = place
-    return positions, ranked
+    return positions
 
 
 def prefix_faithfulness(loaded, pixels: Tensor, sites: Sequence[Site], host: Sequence[OnHost], metric: Metric, *,
