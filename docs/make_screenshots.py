@@ -203,7 +203,8 @@ def anatomy(page) -> None:
 
 def circuits(page) -> None:
     """The Circuits tab as it opens (both circuits drawn), the strongest node of the left graph's last block picked,
-    then the same graphs on a phone, 390 px wide (the first of them in view), then the class over the test set."""
+    then the same graphs on a phone, 390 px wide (the first of them in view), then both pruned again to 40 nodes by
+    the size slider, then the class over the test set."""
     page.get_by_role("tab", name="Circuits").click()
     page.locator("#circuits-note").get_by_text("F = ").first.wait_for(timeout=SLOW)
     drawn(page, "#circuits-graph-a", "#circuits-graph-b", "#circuits-curves")
@@ -218,6 +219,14 @@ def circuits(page) -> None:
     page.evaluate("window.scrollBy(0, -60)")
     save(page.screenshot(), "tab-circuits-phone.png")
     page.set_viewport_size({"width": WIDTH, "height": FIRST_SCREEN_HEIGHT})
+    # the size slider: both circuits pruned again on the host to 40 nodes (the ViT's is larger, the CvT's smaller)
+    size = page.locator("#circuits-size input[type=range]")
+    size.scroll_into_view_if_needed()
+    size.fill("40")
+    size.dispatch_event("pointerup")   # the end of a drag: Gradio's `release`
+    page.locator("#circuits-note").get_by_text("Circuits of 40 nodes").first.wait_for(timeout=SLOW)
+    drawn(page, "#circuits-graph-a", "#circuits-graph-b", "#circuits-curves")
+    save(page.locator("#tabs").screenshot(), "tab-circuits-size.png")
     # the class over the test set: the bundled pair's shipped class circuits, the graphs and the words
     page.locator("#circuits-scope").get_by_text("the class over the test set").click()
     page.locator("#circuits-note").get_by_text("test images labelled").first.wait_for(timeout=SLOW)

@@ -387,7 +387,8 @@ def test_the_bundled_circuit_sets_with_the_mean_baseline():
     """Each bundled model's four dictionaries (three depths and the last block) with each read row's held-out mean
     as the baseline: the faithfulness curve's ends, and for the ViT integrated gradients' completeness at every site
     within 1e-3. (A ResNet is piecewise linear along the path, so its sum of 32 midpoints converges slowly: 3.203
-    against 3.289 at its first site, 3.346 with 128 steps; measured, not asserted.)"""
+    against 3.289 at its first site, 3.346 with 128 steps; measured, not asserted.) A circuit of 16 nodes: its
+    adjacency's integrated-gradients edges, 32 steps for each held node, would take most of a minute."""
     from vitviz import catalog
 
     photo = Image.open(Path(__file__).parent.parent / "assets" / "cat_chelsea.jpg").convert("RGB")
@@ -401,7 +402,7 @@ def test_the_bundled_circuit_sets_with_the_mean_baseline():
                          folders=[folder for _, _, folder in found])
         assert all(site.means is not None for site in sites) and len(sites) == 4
         metric = Metric(int(trace.logits[0].argmax()))
-        graph = circuit(loaded, pixels, sites, metric, baseline="mean", method="ig", steps=32)
+        graph = circuit(loaded, pixels, sites, metric, baseline="mean", method="ig", steps=32, nodes=16)   # few edges
         assert graph.faithfulness["curve"][-1]["faithfulness"] == pytest.approx(1, abs=1e-3)
         if name != "vit-cifar10":
             continue

@@ -13,7 +13,7 @@ from PIL import Image
 
 import vitviz
 from vitviz import catalog, cli
-from vitviz.circuits import photo_circuit
+from vitviz.circuits import load_adjacency, photo_circuit, resized
 from vitviz.circuits.neuronpedia import neuronpedia_graph
 from vitviz.circuits.pair import default_sources, sources_for
 from vitviz.concepts import ConceptsError
@@ -38,13 +38,19 @@ def test_the_command_writes_each_models_graph_and_picture_for_the_class_asked(tm
                "0.7", "--format", "neuronpedia", "--out", str(out)) == 0
     printed = capsys.readouterr().out
     written = sorted(p.name for p in out.iterdir())
-    assert written == sorted(f"circuit-{m}.{ext}" for m in PAIR for ext in ("json", "png", "neuronpedia.json"))
+    assert written == sorted(f"circuit-{m}.{ext}" for m in PAIR
+                             for ext in ("json", "png", "neuronpedia.json", "adjacency.safetensors"))
     image = Image.open(PHOTO).convert("RGB")
     for name, sources in zip(PAIR, (["vit-cifar10-middle", "vit-cifar10-last"], ["cvt-cifar10-last"])):
         graph = json.loads((out / f"circuit-{name}.json").read_text())
         loaded = vitviz.load(name)
         reference = photo_circuit(loaded, image, dictionaries=sources, target=loaded.labels.index("dog"), faithful=0.7)
         assert graph == json.loads(json.dumps(reference.to_json()))   # the JSON round trip: tuples become lists
+        adjacency = load_adjacency(out / f"circuit-{name}.adjacency.safetensors")   # pruned again: the same graph
+        assert json.loads(json.dumps(resized(adjacency).to_json())) == graph
+        held = adjacency.held
+        assert held == min(max(64, 2 * graph["faithfulness"]["nodes"]), graph["faithfulness"]["ranked_nodes"])
+        assert f"every size up to {held} nodes" in printed
         assert graph["target_label"] == "dog" and [s["dictionary"] for s in graph["sites"]] == sources
         viewer = json.loads((out / f"circuit-{name}.neuronpedia.json").read_text())
         explained = ModelRun(loaded, image)
@@ -57,6 +63,18 @@ def test_the_command_writes_each_models_graph_and_picture_for_the_class_asked(tm
         assert f"{name}: the logit of dog" in printed and f"F = {f['value']:.3f}" in printed
         strongest = max((n for n in graph["nodes"] if n["kind"] == "concept"), key=lambda n: abs(n["effect"]))
         assert strongest["name"] in printed
+
+
+def test_every_size_keeps_the_whole_ranking_in_the_file_beside_the_graph(tmp_path, capsys):
+    out = tmp_path / "circuits"
+    assert run(str(PHOTO), "--models", "vit-cifar10", "--dictionaries", "vit-cifar10-middle", "vit-cifar10-last",
+               "--every-size", "--out", str(out)) == 0
+    graph = json.loads((out / "circuit-vit-cifar10.json").read_text())
+    adjacency = load_adjacency(out / "circuit-vit-cifar10.adjacency.safetensors")
+    ranked = graph["faithfulness"]["ranked_nodes"]
+    assert adjacency.held == adjacency.prefixes.exact == ranked and len(graph["faithfulness"]["curve"]) == ranked + 1
+    assert f"every size up to {ranked} nodes" in capsys.readouterr().out
+    assert [e.shape[0] for e in adjacency.edges] == [len(adjacency.held_concepts(1)) + 2]
 
 
 def test_by_default_a_dictionary_across_exactly_the_models_asked_for_takes_the_place_of_each_ones_own():

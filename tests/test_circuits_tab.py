@@ -74,7 +74,7 @@ def test_both_circuits_are_the_librarys_for_the_left_models_top_class_and_kept_p
     shown = drawn(key)
     runs = shared.runs(key)
     top = runs[0].top(1)[0].label
-    assert shown.asked == (top, None, "zero", "atp", False, 0.6) and len(calls) == 1
+    assert shown.asked == (top, None, "zero", "atp", False, 0.6, None) and len(calls) == 1
     found = circuits.readings(key, shown.asked)
     for run, reading in zip(runs, found):
         loaded = vitviz.load(run.name)
@@ -90,7 +90,7 @@ def test_both_circuits_are_the_librarys_for_the_left_models_top_class_and_kept_p
     drawn(key)                    # the same choices: kept
     assert len(calls) == 1
     again = drawn(key, faithful=0.5, contrast="dog")
-    assert len(calls) == 2 and again.asked == (top, "dog", "zero", "atp", False, 0.5)
+    assert len(calls) == 2 and again.asked == (top, "dog", "zero", "atp", False, 0.5, None)
     assert "minus that of dog" in again.note
 
 
@@ -118,6 +118,40 @@ def test_a_nodes_card_says_its_effect_frequency_edges_and_what_removing_it_does(
     error = circuits.node_card(key, shown.asked, "1:b8/error")
     assert "**The error at block 9** of cvt-cifar10" in error.words and "Remove this concept" not in error.words
     assert not calls   # cards are drawn from the kept circuits
+
+
+def test_the_size_slider_prunes_both_circuits_again_on_the_host_to_what_the_library_draws_at_that_size(shown_pair,
+                                                                                                      calls):
+    """The slider's range is what the drawing kept; moving it redraws both graphs, the curves' stars and the words
+    with F at that size, equal to the library's circuit of that many nodes (computed here, every size kept as the
+    drawing did), with no GPU call; a node new at that size opens its card; beyond what a model kept, it says so."""
+    from test_circuits_adjacency import close, comparable
+
+    key, shown = shown_pair
+    found = circuits.readings(key, shown.asked)
+    held = [reading.circuit.adjacency.held for reading in found]
+    slider = circuits.size_slider(key, shown.asked)
+    assert (slider.minimum, slider.maximum, slider.value) == (1, max(held), found[0].circuit.faithfulness["nodes"])
+    runs, picture = shared.runs(key), shared.session(key).picture
+    top = shown.asked[0]
+    resized = circuits.resize_circuits(key, shown.asked, 5)
+    assert resized.asked == (*shown.asked[:-1], 5) and "**Circuits of 5 nodes**" in resized.note
+    for run, reading, graph in zip(runs, circuits.readings(key, resized.asked), (resized.graph_a, resized.graph_b)):
+        loaded = vitviz.load(run.name)
+        reference = photo_circuit(loaded, picture, dictionaries=SOURCES[run.name], target=loaded.labels.index(top),
+                                  nodes=5, every=True)
+        close(comparable(reading.circuit), comparable(reference), run.name)
+        assert f"F = {reference.faithfulness['value']:.2f}**" in resized.note
+        assert graph.shape == (*drawing.graph_layout(reading.circuit.to_json()).size, 3)
+        node = next(n for n in reading.circuit.nodes if n.kind == "concept")
+        side = runs.index(run)
+        assert f"**{node.name}**" in circuits.node_card(key, resized.asked, f"{side}:{node.id}").words
+    assert resized.curves is not None and not np.array_equal(resized.curves, shown.curves)   # the stars moved
+    assert not calls   # pruned on the host from what the drawing kept
+    short = min(held)
+    if short < max(held):
+        beyond = circuits.resize_circuits(key, shown.asked, max(held))
+        assert f"kept every size up to {short} nodes and is drawn at that" in beyond.note
 
 
 def test_a_concept_nodes_card_shows_its_pictures_and_draws_them_where_none_ship(shown_pair, monkeypatch):
@@ -284,6 +318,17 @@ def test_a_person_opens_the_circuits_tab_sees_both_graphs_and_their_faithfulness
         page_.locator("#circuits-card-words").get_by_text(strongest["name"]).first.wait_for(timeout=60_000)
         page_.locator("#circuits-card img").first.wait_for(timeout=30_000)
         page_.locator("#tabs").screenshot(path=str(SCREENSHOTS / f"10-circuits-{width}.png"))
+        before = page_.locator("#circuits-graph-a img").first.get_attribute("src")
+        size = page_.locator("#circuits-size input[type=range]")   # both circuits pruned again to 5 nodes
+        page_.wait_for_function("() => !document.querySelector('#circuits-size input[type=range]').disabled",
+                                timeout=30_000)
+        size.scroll_into_view_if_needed()
+        size.fill("5")
+        size.dispatch_event("pointerup")   # the end of a drag: Gradio's `release`
+        page_.locator("#circuits-note").get_by_text("Circuits of 5 nodes").first.wait_for(timeout=60_000)
+        page_.wait_for_function("before => document.querySelector('#circuits-graph-a img').src !== before",
+                                arg=before, timeout=30_000)
+        assert "faithfulness F =" in page_.locator("#circuits-note").inner_text()
     assert bundled_app.process.poll() is None
 
 

@@ -249,26 +249,36 @@ def test_an_evaluation_batch_waits_a_fixed_number_of_times_whatever_its_images()
 @pytest.mark.parametrize("family", ["vit", "resnet"])
 def test_a_circuit_waits_a_fixed_number_of_times_whatever_its_nodes_and_sites(family, method):
     """Two sites with a circuit reaching F 0.1 drawn with at most 2 concepts each, against three reaching F 1 with up
-    to 12 (more nodes, edges and passes): at most six reads of the device (m on the photo; every site's effects,
-    activations and error at once; the prefixes on the grid; every size below the grid's first that reaches the
-    target, where there is one; the drawn concepts' maps and every pair's edges at once, after their passes; the
-    completeness and patching forward) and five conversions of what came back, none per node, edge or site;
-    integrated gradients' passes and their edges along the path add none."""
+    to 12 (more nodes, edges and passes), each kept to be pruned again (every size up to twice its own) and with every
+    size kept: at most five reads of the device (m on the photo; every site's effects, activations and error at once;
+    the prefixes on the grid; every size below the grid's first that reaches the target, where there is one; then at
+    once the sizes kept beyond, every held node's maps and edges and the completeness and patching forward) and four
+    conversions of what came back, none per node, edge, size or site; integrated gradients' passes and their edges
+    along the path add none. Pruning it again on the host, at any size, waits for nothing."""
     from tiny_models import tiny as tiny_of_family, tiny_sites
     from vitviz.circuits import Metric, circuit
+    from vitviz.circuits.adjacency import resized
 
     model = tiny_of_family(family)
     counts, sizes = {}, {}
     for blocks, most, faithful in (([1, -1], 2, 0.1), ([0, 1, -1], 12, 1.0)):
         loaded, pixels, sites = tiny_sites(model, blocks=blocks)
-        with counting() as calls:
-            graph = circuit(loaded, pixels, sites, Metric(2), most=most, faithful=faithful, method=method, steps=4)
-        counts[len(blocks)] = sum(calls.values())
-        sizes[len(blocks)] = {**graph.size, "ranked": graph.faithfulness["ranked_nodes"]}
+        for every in (False, True):
+            with counting() as calls:
+                graph = circuit(loaded, pixels, sites, Metric(2), most=most, faithful=faithful, method=method, steps=4,
+                                every=every)
+            counts[len(blocks), every] = sum(calls.values())
+            sizes[len(blocks), every] = {**graph.size, "ranked": graph.faithfulness["ranked_nodes"],
+                                         "held": graph.adjacency.held}
+            with counting() as again:
+                pruned = [resized(graph.adjacency, nodes=k) for k in range(graph.adjacency.held + 1)]
+            assert not again and pruned[-1].size["nodes"] >= graph.size["nodes"]
     more = 5 if method == "atp" else 3   # integrated gradients rank fewer nodes of the tiny ViT's
-    assert sizes[3]["nodes"] > sizes[2]["nodes"] + more and sizes[3]["edges"] > sizes[2]["edges"], sizes
+    assert sizes[3, False]["nodes"] > sizes[2, False]["nodes"] + more, sizes
+    assert sizes[3, False]["edges"] > sizes[2, False]["edges"] and sizes[3, True]["held"] == sizes[3, True]["ranked"]
     # the prefixes: the grid, then every size below its first reaching the target where there is one (a read each)
-    assert all(9 <= count <= 11 for count in counts.values()), (counts, sizes)
+    assert all(7 <= count <= 9 for count in counts.values()), (counts, sizes)
+    assert all(counts[k, True] == counts[k, False] for k in (2, 3)), counts
 
 
 def test_a_class_circuit_waits_the_same_whatever_its_number_of_images():

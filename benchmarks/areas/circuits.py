@@ -1,11 +1,13 @@
-"""Circuits (issue 49): one photo's circuit for the bundled pair with their bundled dictionaries at four depths,
-against its floor, the forwards and backwards it must run; and what the exact option (integrated gradients)
-costs on top.
+"""Circuits (issues 49 and 55): one photo's circuit for the bundled pair with their bundled dictionaries at four depths,
+kept to be pruned again on the host (every size up to twice the circuit's measured, every ranked node's edges up to
+there), against its floor, the forwards and backwards it must run; what measuring every size of the ranking costs
+instead (`--every-size`); and what the exact option (integrated gradients) costs on top.
 
 The floor, per model, as plain traced passes of the same batches (no dictionary, no edit): the photo's forward
-and backward (attribution patching), for each pair of consecutive sites a forward and backward of one copy per
-downstream target (the edges), and the forwards of the faithfulness's copies (one for every prefix size measured,
-in batches of `PREFIXES`) and of the completeness and patching check's.
+and backward (attribution patching), for each pair of consecutive sites the photo's forward from the first to the
+second and a backward batched over the edges' downstream targets (the adjacency's rows), and the forwards of the
+faithfulness's copies (one for every prefix size measured, in batches of `PREFIXES`) and of the completeness and
+patching check's.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from vitviz.circuits.circuit import CHECKED
 from vitviz.circuits.prefixes import PREFIXES
 from workbench import PHOTO, Bench
 
-SECONDS = 3.0   # at most: the bundled pair's two circuits with the faithful-size search, CPU (issue 55)
+SECONDS = 3.0   # at most: the bundled pair's two circuits, their faithful size and adjacency, CPU (issue 55)
 RATIO = 2.0     # at most: the circuits' time / their floor's
 
 
@@ -38,6 +40,10 @@ def measure(bench: Bench, items: set[str]) -> None:
         for job in jobs:
             circuit(*job)
 
+    def every():
+        for job in jobs:
+            circuit(*job, every=True)
+
     def exact():
         for job in jobs:
             circuit(*job, method="ig")
@@ -46,23 +52,24 @@ def measure(bench: Bench, items: set[str]) -> None:
         for (loaded, pixels, sites, metric), graph in zip(jobs, graphs):
             plain = loaded.model.trace(pixels, grad=True, attention=False)
             torch.autograd.grad(metric(plain.logits).sum(), plain.pixels)
-            for up, down in zip(sites, sites[1:]):
-                copies = sum(1 for n in graph.nodes if n.block == down.block)
-                between(loaded, pixels, up.block, down.block, copies)
+            for up, down, edges in zip(sites, sites[1:], graph.adjacency.edges):
+                between(loaded, pixels, up.block, down.block, len(edges))
             with torch.inference_mode():   # the prefixes measured and the photo, then completeness and patching
                 rows = len(graph.faithfulness["curve"]) + 1
                 for start in range(0, rows, PREFIXES):
                     loaded.model.trace(pixels, attention=False,
                                        edit=copied(sites[0].block, min(PREFIXES, rows - start)))
                 loaded.model.trace(pixels, attention=False, edit=copied(sites[0].block, 3 + CHECKED))
-    t = bench.time({"circuits": ours, "floor": floor, "exact": exact})
+    t = bench.time({"circuits": ours, "floor": floor, "every": every, "exact": exact})
     seconds, ratio = t["circuits"].median, t["circuits"].median / t["floor"].median
-    sizes = ", ".join(f"{g.model} {g.faithfulness['nodes']} of {g.faithfulness['ranked_nodes']} ranked nodes, "
-                      f"{g.size['edges']} edges, F {g.faithfulness['value']:.2f}" for g in graphs)
+    sizes = ", ".join(f"{g.model} {g.faithfulness['nodes']} of {g.faithfulness['ranked_nodes']} ranked nodes (every "
+                      f"size to {g.adjacency.held} kept), {g.size['edges']} edges, F {g.faithfulness['value']:.2f}"
+                      for g in graphs)
     report(f"circuits, bundled pair, one photo, four dictionaries each ({sizes}): {t['circuits']} (target <= "
            f"{SECONDS} s) {'OK' if seconds <= SECONDS else 'MISSED'}; its floor {t['floor']}, ratio {ratio:.2f} "
-           f"(target <= {RATIO}) {'OK' if ratio <= RATIO else 'MISSED'}; integrated gradients (10 steps) "
-           f"{t['exact']}, {t['exact'].median / seconds:.1f}x attribution patching")
+           f"(target <= {RATIO}) {'OK' if ratio <= RATIO else 'MISSED'}; every size of the ranking kept "
+           f"{t['every']} ({t['every'].median / seconds:.1f}x); integrated gradients (10 steps) {t['exact']}, "
+           f"{t['exact'].median / seconds:.1f}x attribution patching")
 
 
 class _Reached(Exception):
@@ -74,14 +81,14 @@ def copied(block: int, copies: int):
     return lambda index, tokens: tokens.expand(copies, *tokens.shape[1:]) if index == block else tokens
 
 
-def between(loaded, pixels: torch.Tensor, first: int, last: int, copies: int) -> None:
-    """The photo to block `first`, `copies` copies of its output from there to block `last` with the graph kept
-    (where the pass stops), and their backward: what one pair of sites' edges must run."""
+def between(loaded, pixels: torch.Tensor, first: int, last: int, targets: int) -> None:
+    """The photo from block `first` to block `last` with the graph kept (where the pass stops), and one backward
+    batched over `targets` downstream scores: what one pair of sites' edges must run."""
     start = {}
 
     def edit(index, tokens):
         if index == first:
-            start["tokens"] = tokens.detach().expand(copies, *tokens.shape[1:]).clone().requires_grad_(True)
+            start["tokens"] = tokens.detach().requires_grad_(True)
             return start["tokens"]
         if index == last:
             raise _Reached(tokens)
@@ -89,7 +96,8 @@ def between(loaded, pixels: torch.Tensor, first: int, last: int, copies: int) ->
     try:
         loaded.model.trace(pixels, grad=True, attention=False, edit=edit)
     except _Reached as reached:
-        torch.autograd.grad(reached.args[0].sum(), start["tokens"])
+        out = reached.args[0]
+        torch.autograd.grad(out, start["tokens"], torch.ones(targets, *out.shape), is_grads_batched=True)
 
 
 def setup(loaded, photo: Image.Image) -> tuple:

@@ -8,8 +8,10 @@
 
 Per-block dictionaries spliced into the model at their blocks (`sites.py`: every family, the trace and the
 dictionaries only), node and edge effects on the target's logit (`effects.py`: attribution patching, integrated
-gradients, vector-Jacobian products between consecutive sites), pruning and the graph as data (`graph.py`), and the
-faithfulness of the result (`circuit.py`). `../shared/CIRCUITS.md` and each module's docstring give the formulas.
+gradients, vector-Jacobian products between consecutive sites), pruning and the graph as data (`graph.py`), the
+faithfulness of the result (`circuit.py`, `prefixes.py`), and the circuit kept whole to be pruned again at any size
+on the host, as one safetensors file (`adjacency.py`: `graph.adjacency`, `resized(graph.adjacency, nodes=40)`).
+`../shared/CIRCUITS.md` and each module's docstring give the formulas.
 """
 from __future__ import annotations
 
@@ -22,16 +24,17 @@ from PIL import Image
 
 from ..concepts.files import folder_of
 from ..concepts.kinds.dictionary import ConceptsError
+from .adjacency import Adjacency, load_adjacency, resized, save_adjacency
 from .circuit import circuit, faithfulness_over, patching_check, rank_correlation
 from .effects import BASELINES, IG_STEPS, METHODS, METRICS, Metric
 from .graph import EDGE_SHARE, FAITHFUL, MOST, Circuit, Edge, Node
 from .prefixes import prefix_faithfulness
 from .sites import Site, image_sites, sites_of
 
-__all__ = ["BASELINES", "Circuit", "EDGE_SHARE", "Edge", "FAITHFUL", "IG_STEPS", "METHODS", "METRICS", "MOST", "Metric",
-           "Node", "Site", "circuit", "data_class_circuit", "data_faithfulness", "faithfulness_over",
-           "load_dictionaries", "metric_of", "patching_check", "photo_circuit", "prefix_faithfulness",
-           "rank_correlation", "sites_of"]
+__all__ = ["Adjacency", "BASELINES", "Circuit", "EDGE_SHARE", "Edge", "FAITHFUL", "IG_STEPS", "METHODS", "METRICS",
+           "MOST", "Metric", "Node", "Site", "circuit", "data_class_circuit", "data_faithfulness", "faithfulness_over",
+           "load_adjacency", "load_dictionaries", "metric_of", "patching_check", "photo_circuit",
+           "prefix_faithfulness", "rank_correlation", "resized", "save_adjacency", "sites_of"]
 
 
 def load_dictionaries(sources: Sequence[str | Path]) -> list[tuple[str, object, Path | None]]:

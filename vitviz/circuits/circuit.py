@@ -10,7 +10,9 @@ removed and everything else kept: a circuit that holds the mechanism leaves litt
 
 What is drawn. Each site's circuit concepts, the strongest `most` one by one and the rest grouped into one node
 ("N more concepts", its members listed), and the site's error node (marked when it is not in the circuit): what is
-drawn is the circuit F describes.
+drawn is the circuit F describes. It is pruned on the host from what the circuit measured around it (`adjacency.py`:
+every size up to twice its own, the edges of every node up to there), kept with it to prune any of those sizes again
+without the model.
 
 Attribution against patching. Attribution patching is a linear estimate; for the strongest nodes the real
 effect, m(x) - m(x with that one node at its baseline), is measured too (one batched forward), and both are
@@ -25,6 +27,7 @@ import torch
 from torch import Tensor
 
 from ..concepts.kinds.dictionary import ConceptsError, block_words
+from .adjacency import device_parts, held_of, kept, resized
 from .effects import (
     IG_STEPS,
     METHODS,
@@ -32,26 +35,11 @@ from .effects import (
     SiteState,
     attribution,
     check_metric,
-    edges_between,
     integrated_gradients,
 )
-from .graph import (
-    EDGE_SHARE,
-    FAITHFUL,
-    GROUP,
-    INPUT,
-    LOGIT,
-    MOST,
-    UNREAD,
-    Circuit,
-    Edge,
-    Node,
-    group_id,
-    node_id,
-    unread_id,
-)
+from .graph import EDGE_SHARE, FAITHFUL, MOST, Circuit, Place, node_id
 from .host import OnHost, read_states, to_host
-from .prefixes import ablated_rows, prefix_faithfulness
+from .prefixes import ablated_rows, prefix_faithfulness, prefix_rows
 from .sites import Site, image_sites
 
 CURVE = 11    # points of the curve over a data set: 0, 10 %, ..., 100 % of each image's ranked nodes
@@ -61,11 +49,13 @@ NOTHING = 1e-6   # of |m| (at least 1): an effect this small is rounding, not a 
 
 def circuit(loaded, pixels: Tensor, sites: Sequence[Site], metric: Metric, *, baseline: str = "zero",
             method: str = "atp", steps: int = IG_STEPS, frozen: bool = False, faithful: float = FAITHFUL,
-            edge_share: float = EDGE_SHARE, most: int = MOST,
+            edge_share: float = EDGE_SHARE, most: int = MOST, nodes: int | None = None, every: bool = False,
             names: Sequence[dict[int, str] | None] | None = None) -> Circuit:
     """The circuit of `metric` on the photo `pixels` (1 3 H W, preprocessed for `loaded`) through `sites` (from
-    `sites_of`, in depth order): the smallest prefix of the nodes ranked by |effect| whose F reaches `faithful`,
-    drawn with at most `most` concepts a site one by one. `names`: per site, concept -> name for the nodes."""
+    `sites_of`, in depth order): the smallest prefix of the nodes ranked by |effect| whose F reaches `faithful` (or
+    the first `nodes` of them), drawn with at most `most` concepts a site one by one. `names`: per site, concept ->
+    name for the nodes. It keeps what it was pruned from (`Circuit.adjacency`: every size up to `prefixes.RESIZE`
+    times its own measured, with `every` every size), to be pruned again on the host (`adjacency.resized`)."""
     if method not in METHODS:
         raise ConceptsError(f"The method must be one of {', '.join(METHODS)}, not {method!r}.")
     if not sites:
@@ -73,6 +63,8 @@ def circuit(loaded, pixels: Tensor, sites: Sequence[Site], metric: Metric, *, ba
     if not 0 < faithful <= 1 or not 0 <= edge_share <= 1:
         raise ConceptsError(f"The faithfulness a circuit must reach is above 0 and at most 1, and the edge share "
                             f"from 0 to 1, not {faithful} and {edge_share}.")
+    if nodes is not None and nodes < 0:
+        raise ConceptsError(f"A circuit holds at least 0 nodes, not {nodes}.")
     labels = loaded.labels
     check_metric(metric, labels)
     value, states = attribution(loaded, pixels, sites, metric, baseline=baseline, frozen=frozen)
@@ -82,45 +74,14 @@ def circuit(loaded, pixels: Tensor, sites: Sequence[Site], metric: Metric, *, ba
     floor = NOTHING * max(1.0, abs(value))
     host = read_states(states, estimates)
     prefixes = prefix_faithfulness(loaded, pixels, sites, host, metric, value=value, baseline=baseline, floor=floor,
-                                   faithful=faithful)
-    size, why = prefixes.size(faithful)
-    members = [[int(c) for c in np.argsort(where.concepts) if where.concepts[c] < size] for where in prefixes.positions]
-    drawn, grouped = [m[:most] for m in members], [m[most:] for m in members]
-    tables = to_host(edge_tables(loaded, pixels, sites, states, drawn, grouped, frozen=frozen))
-    edges, unread = graph_edges(sites, host, tables, drawn, grouped, edge_share=edge_share)
-    nodes = graph_nodes(sites, host, tables[:len(sites)], drawn, grouped,
-                        [bool(where.error < size) for where in prefixes.positions], unread,
-                        metric_name=metric.describe(labels), value=value, names=names)
-    result = Circuit(
-        model=loaded.name, metric=metric.describe(labels), metric_kind=metric.kind, target=metric.target,
-        target_label=labels[metric.target], contrast=metric.contrast,
-        contrast_label=None if metric.contrast is None else labels[metric.contrast], value=value, baseline=baseline,
-        method="attribution patching" if method == "atp" else f"integrated gradients ({steps} steps)",
-        attention="held fixed (attention patterns and norm scales are this photo's constants)" if frozen else
-        "the model's own (gradients through the attention patterns)",
-        faithful=faithful, edge_share=edge_share,
-        sites=[_site_record(site, state, on_host) for site, state, on_host in zip(sites, states, host)],
-        nodes=nodes, edges=edges, candidates=sum(site.dictionary.n_concepts for site in sites))
-    result.notes = [f"Nothing at {block_words(site.block)} moves the answer: what {site.source} reads there is "
-                    f"not read on the way to the classifier (a ViT's or a CvT's classifier reads the last block's "
-                    f"class token alone; a dictionary of its grid cannot change the answer)."
-                    for site, on_host in zip(sites, host)
-                    if np.abs(on_host.effects).sum() + abs(on_host.error_effect) <= floor]
-    if frozen:
-        result.notes.append("Attention is held fixed: the effects and edges are those of the model whose attention "
-                            "patterns and norm scales are this photo's constants, while F and its ablations run the "
-                            "real model, so a node's effect need not match what taking it out does.")
-    if method == "ig":
-        result.notes.append("The node effects and the edges are integrated gradients': an edge is averaged along its "
-                            "source's path, each step with the downstream gradients of that step, so a node's edges "
-                            "add up to its effect.")
-    if baseline == "mean":
-        result.notes += [f"The mean baseline at {block_words(site.block)} was taken over square photos and is "
-                         f"resampled to this photo's {site.grid[0]} x {site.grid[1]} grid." for site, state in
-                         zip(sites, states) if site.means.codes.shape[0] != state.rows.shape[1]]
-    if why:
-        result.notes.append(why)
-    # completeness, the errors-kept variant and the check against patching: one batched forward
+                                   faithful=faithful, nodes=nodes)
+    size, _ = prefixes.chosen(faithful, nodes)
+    held = prefixes.held(size, every=every)   # every size up to it measured, and its nodes' edges: to prune again
+    more = np.setdiff1d(np.arange(1, held + 1), prefixes.counts)
+    parts = [metric(prefix_rows(loaded, pixels, sites, prefixes.positions, more, baseline=baseline)) if more.size
+             else torch.zeros(0, device=pixels.device),
+             *device_parts(loaded, pixels, sites, states, prefixes.positions, held, frozen=frozen)]
+    # completeness, the errors-kept variant and the check against patching: one batched forward, read with the edges
     circuit_kept = [where.concepts < size for where in prefixes.positions]
     concept_rows = [np.stack([~kept, np.zeros_like(kept), kept]) for kept in circuit_kept]
     error_rows = np.stack([[where.error >= size for where in prefixes.positions], [True] * len(sites),
@@ -128,11 +89,42 @@ def circuit(loaded, pixels: Tensor, sites: Sequence[Site], metric: Metric, *, ba
     patched, strongest = _patching_masks(host, top=CHECKED)
     keep = [np.concatenate([rows, more]) for rows, more in zip(concept_rows, patched)]
     errors = np.concatenate([error_rows, np.ones((len(strongest), len(sites)), dtype=bool)])
-    m = to_host([metric(ablated_rows(loaded, pixels, sites, keep, errors, baseline=baseline))])[0]
-    result.faithfulness = prefixes.report(size, faithful=faithful, without_circuit=float(m[0]),
-                                          errors_kept=(float(m[1]), float(m[2])))
-    result.patching = _patching_report(m[3:], strongest, sites, host, value=value)
-    return result
+    at_more, *parts, m = to_host([*parts, metric(ablated_rows(loaded, pixels, sites, keep, errors, baseline=baseline))])
+    prefixes = prefixes.with_sizes(more, at_more)
+    notes = [f"Nothing at {block_words(site.block)} moves the answer: what {site.source} reads there is not read on "
+             f"the way to the classifier (a ViT's or a CvT's classifier reads the last block's class token alone; a "
+             f"dictionary of its grid cannot change the answer)."
+             for site, on_host in zip(sites, host)
+             if np.abs(on_host.effects).sum() + abs(on_host.error_effect) <= floor]
+    if frozen:
+        notes.append("Attention is held fixed: the effects and edges are those of the model whose attention patterns "
+                     "and norm scales are this photo's constants, while F and its ablations run the real model, so a "
+                     "node's effect need not match what taking it out does.")
+    if method == "ig":
+        notes.append("The node effects and the edges are integrated gradients': an edge is averaged along its "
+                     "source's path, each step with the downstream gradients of that step, so a node's edges add up "
+                     "to its effect.")
+    if baseline == "mean":
+        notes += [f"The mean baseline at {block_words(site.block)} was taken over square photos and is resampled to "
+                  f"this photo's {site.grid[0]} x {site.grid[1]} grid." for site, state in zip(sites, states)
+                  if site.means.codes.shape[0] != state.rows.shape[1]]
+    held_names = [None if named is None else {int(c): named[c] for c in held_of(where, held) if c in named}
+                  for named, where in zip(names or [None] * len(sites), prefixes.positions)]
+    header = {
+        "model": loaded.name, "metric": metric.describe(labels), "metric_kind": metric.kind, "target": metric.target,
+        "target_label": labels[metric.target], "contrast": metric.contrast,
+        "contrast_label": None if metric.contrast is None else labels[metric.contrast], "value": value,
+        "baseline": baseline,
+        "method": "attribution patching" if method == "atp" else f"integrated gradients ({steps} steps)",
+        "attention": "held fixed (attention patterns and norm scales are this photo's constants)" if frozen else
+        "the model's own (gradients through the attention patterns)", "edge_share": edge_share,
+        "sites": [_site_record(site, state, on_host) for site, state, on_host in zip(sites, states, host)],
+        "patching": _patching_report(m[3:], strongest, sites, host, value=value),
+        "candidates": sum(site.dictionary.n_concepts for site in sites), "notes": notes, "most": most,
+        "faithful": faithful, "names": held_names,
+        "measured": {"nodes": size, "without_circuit": float(m[0]), "errors_kept": [float(m[1]), float(m[2])]}}
+    places = [Place(site.block, site.grid, site.class_token) for site in sites]
+    return resized(kept(header, places, host, prefixes, held, parts), nodes=nodes, faithful=faithful)
 
 
 def _site_record(site: Site, state: SiteState, host: OnHost) -> dict:
@@ -140,107 +132,6 @@ def _site_record(site: Site, state: SiteState, host: OnHost) -> dict:
             "concepts": site.dictionary.n_concepts, "rows": int(state.rows.shape[1]), "grid": list(site.grid),
             "class_token": site.class_token, "error_effect": host.error_effect,
             "concept_effect": float(host.effects.sum())}
-
-
-def _grid_values(site: Site, values: np.ndarray) -> tuple[list[float], float | None]:
-    """A rows-long vector -> (its grid cells row-major, its class token's value or None)."""
-    if site.class_token:
-        return values[1:].tolist(), float(values[0])
-    return values.tolist(), None
-
-
-def _concept_node(site: Site, host: OnHost, concept: int, codes: np.ndarray, name: str | None) -> Node:
-    where, class_token = _grid_values(site, codes)
-    return Node(id=node_id(site.block, concept), kind="concept", name=name or f"concept {concept}",
-                effect=float(host.effects[concept]), block=site.block, concept=concept,
-                activation=float(host.activations[concept]), grid=site.grid, map=where, class_token=class_token)
-
-
-def _group_node(site: Site, host: OnHost, concepts: list[int], codes: np.ndarray) -> Node:
-    where, class_token = _grid_values(site, codes)
-    return Node(id=group_id(site.block), kind=GROUP, name=f"{len(concepts)} more concepts",
-                effect=float(host.effects[concepts].sum()), block=site.block, concepts=concepts,
-                activation=float(host.activations[concepts].sum()), grid=site.grid, map=where, class_token=class_token)
-
-
-def _error_node(site: Site, host: OnHost, *, in_circuit: bool) -> Node:
-    where, class_token = _grid_values(site, host.error_map)
-    return Node(id=node_id(site.block, None), kind="error", name="error",
-                effect=host.error_effect, block=site.block, activation=host.error_activation, grid=site.grid,
-                map=where, class_token=class_token, in_circuit=in_circuit)
-
-
-def edge_tables(loaded, pixels: Tensor, sites: Sequence[Site], states: Sequence[SiteState],
-                drawn: Sequence[list[int]], grouped: Sequence[list[int]], *, frozen: bool) -> list[Tensor]:
-    """On the device: each site's drawn concepts' codes at its rows (rows x drawn, then the group's summed codes
-    where there is a group), then per consecutive pair of sites its edge table, one row a downstream target (the
-    drawn concepts, the group, the error, what the site does not read) and one column a drawn upstream source (the
-    concepts, the group, the error), then each row's total over every upstream node and its absolute inflow. A
-    group is one node: its edges are its members' summed. Every pair's pass is queued, none read."""
-    def codes_of(state: SiteState, s: int) -> Tensor:
-        codes = state.codes[0]
-        return torch.cat([codes[:, drawn[s]], codes[:, grouped[s]].sum(1, keepdim=True)], 1) if grouped[s] \
-            else codes[:, drawn[s]]
-
-    tables = [codes_of(state, s) for s, state in enumerate(states)]
-    for i in range(len(sites) - 1):
-        targets = [*drawn[i + 1], *([tuple(grouped[i + 1])] if grouped[i + 1] else []), None]
-        concept_edges, error_edges = edges_between(loaded, pixels, (sites[i], states[i]), (sites[i + 1], states[i + 1]),
-                                                   targets, unread=True, frozen=frozen)
-        inflow = concept_edges.abs().sum(1) + error_edges.abs()   # from every upstream node, drawn or not
-        total = concept_edges.sum(1) + error_edges
-        sources = [concept_edges[:, drawn[i]]]
-        if grouped[i]:
-            sources.append(concept_edges[:, grouped[i]].sum(1, keepdim=True))
-        tables.append(torch.cat([*sources, error_edges[:, None], total[:, None], inflow[:, None]], 1))
-    return tables
-
-
-def graph_edges(sites: Sequence[Site], host: Sequence[OnHost], tables: Sequence[np.ndarray],
-                drawn: Sequence[list[int]], grouped: Sequence[list[int]], *, edge_share: float
-                ) -> tuple[list[Edge], list[float | None]]:
-    """The edges between the drawn nodes from `edge_tables` read to the host: the input's into the first site (each
-    node's effect), each consecutive pair's (pruned by each target's inflow), the last site's into the metric; and
-    per site the effect of the upstream site that passes its dictionary by (None where no edge into it is kept)."""
-    def ids(s: int, unread: bool = False) -> list[str]:
-        block = sites[s].block
-        return [*(node_id(block, c) for c in drawn[s]), *([group_id(block)] if grouped[s] else []),
-                node_id(block, None), *([unread_id(block)] if unread else [])]
-
-    def effects(s: int) -> list[float]:
-        group = [float(host[s].effects[grouped[s]].sum())] if grouped[s] else []
-        return [*(float(host[s].effects[c]) for c in drawn[s]), *group, host[s].error_effect]
-
-    edges = [Edge(INPUT, target, weight) for target, weight in zip(ids(0), effects(0))]
-    unread: list[float | None] = [None]
-    for i, weights in enumerate(tables[len(sites):]):   # targets x (sources, the error, the total, the inflow)
-        for target, (*row, _, inflow) in zip(ids(i + 1, unread=True), weights.tolist()):
-            edges += [Edge(source, target, weight) for source, weight in zip(ids(i), row)
-                      if inflow > 0 and abs(weight) >= edge_share * inflow]
-        passed = any(e.target == unread_id(sites[i + 1].block) for e in edges)
-        unread.append(float(weights[-1, -2]) if passed else None)   # the unread row's total over every source
-    last = len(sites) - 1
-    edges += [Edge(source, LOGIT, weight) for source, weight in zip(ids(last), effects(last))]
-    return edges, unread
-
-
-def graph_nodes(sites: Sequence[Site], host: Sequence[OnHost], maps: Sequence[np.ndarray], drawn: Sequence[list[int]],
-                grouped: Sequence[list[int]], errors_in: Sequence[bool], unread: Sequence[float | None], *,
-                metric_name: str, value: float, names: Sequence[dict[int, str] | None] | None) -> list[Node]:
-    """The graph's nodes: the photo, each site's drawn concepts, its group, its error and what passes it by, the
-    metric."""
-    nodes = [Node(id=INPUT, kind="input", name="the photo")]
-    for s, site in enumerate(sites):
-        named = (names[s] if names else None) or {}
-        nodes += [_concept_node(site, host[s], c, maps[s][:, i], named.get(c)) for i, c in enumerate(drawn[s])]
-        if grouped[s]:
-            nodes.append(_group_node(site, host[s], grouped[s], maps[s][:, -1]))
-        nodes.append(_error_node(site, host[s], in_circuit=errors_in[s]))
-        if unread[s] is not None:   # the upstream site's effect that passes this dictionary by
-            nodes.append(Node(id=unread_id(site.block), kind=UNREAD, name="not read by its dictionary",
-                              effect=unread[s], block=site.block))
-    nodes.append(Node(id=LOGIT, kind="logit", name=metric_name, effect=value))
-    return nodes
 
 
 def patching_check(loaded, pixels: Tensor, sites: Sequence[Site], states: Sequence[SiteState],

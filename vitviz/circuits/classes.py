@@ -33,11 +33,11 @@ from torch import Tensor
 from .. import catalog
 from ..concepts.kinds.dictionary import ConceptsError
 from ..files import safe_name
-from .circuit import NOTHING, edge_tables, graph_edges, graph_nodes
-from .effects import Metric, attribution, check_metric
-from .graph import EDGE_SHARE, FAITHFUL, MOST, Circuit
+from .circuit import NOTHING
+from .effects import Metric, SiteState, attribution, check_metric, edges_between
+from .graph import EDGE_SHARE, FAITHFUL, MOST, Circuit, Place, graph_edges, graph_nodes
 from .host import OnHost, to_host
-from .prefixes import SPREAD, ablated_rows, prefix_masks, ranking
+from .prefixes import SPREAD, prefix_rows, ranking
 from .sites import Site, image_sites
 
 SIZES = 24          # prefix sizes of the ranking measured on every image (geometric, with 0 and all)
@@ -83,12 +83,11 @@ def class_circuit(loaded, data, sites_for: Callable, *, target: int, indices: Se
     positions, ranked = ranking(host, floor)
     sizes = np.unique(np.concatenate([[0, len(ranked)], np.round(np.geomspace(1, max(len(ranked), 1), SIZES))]))
     sizes = sizes.astype(np.int64)
-    keep, errors = prefix_masks(positions, sizes)
     measured = torch.zeros(n, len(sizes) + 1, dtype=torch.float64, device=loaded.device)
     order = {index: row for row, index in enumerate(indices)}
     for i, (pixels, its_sites, _, value_on_device) in zip(mine, tqdm(  # m at every size, then m(M)
             images, desc=f"{loaded.name}: F at {len(sizes)} sizes", unit="image", disable=not shown)):
-        m = metric(ablated_rows(loaded, pixels, its_sites, keep, errors, baseline=baseline)).double()
+        m = metric(prefix_rows(loaded, pixels, its_sites, positions, sizes, baseline=baseline)).double()
         measured[order[i]] = torch.cat([m, value_on_device.double()[None]])
     measured = to_host(_all_reduced([measured]))[0]
     at_sizes, full = measured[:, :-1], measured[:, -1]
@@ -105,9 +104,10 @@ def class_circuit(loaded, data, sites_for: Callable, *, target: int, indices: Se
         part = edge_tables(loaded, pixels, its_sites, states, drawn, grouped, frozen=False)
         tables = part if tables is None else [a + b for a, b in zip(tables, part)]
     tables = to_host([t / n for t in _all_reduced(tables)])
-    edges, unread = graph_edges(sites, host, tables, drawn, grouped, edge_share=edge_share)
+    places = [Place(site.block, site.grid, site.class_token) for site in sites]
+    edges, unread = graph_edges(places, host, tables, drawn, grouped, edge_share=edge_share)
     label = loaded.labels[target]
-    nodes = graph_nodes(sites, host, tables[:len(sites)], drawn, grouped,
+    nodes = graph_nodes(places, host, tables[:len(sites)], drawn, grouped,
                         [bool(where.error < size) for where in positions], unread,
                         metric_name=metric.describe(loaded.labels), value=value, names=names)
     low, high = _interval(at_sizes[:, chosen], at_sizes[:, 0], full) if defined else (None, None)
@@ -141,6 +141,32 @@ def class_circuit(loaded, data, sites_for: Callable, *, target: int, indices: Se
         result.notes.append(f"No measured size reaches F = {faithful:.2f}; every ranked node drawn (F "
                             f"{float(curve[-1]):.2f}).")
     return result
+
+
+def edge_tables(loaded, pixels: Tensor, sites: Sequence[Site], states: Sequence[SiteState],
+                drawn: Sequence[list[int]], grouped: Sequence[list[int]], *, frozen: bool) -> list[Tensor]:
+    """On the device: each site's drawn concepts' codes at its rows (rows x drawn, then the group's summed codes
+    where there is a group), then per consecutive pair of sites its edge table, one row a downstream target (the
+    drawn concepts, the group, the error, what the site does not read) and one column a drawn upstream source (the
+    concepts, the group, the error), then each row's total over every upstream node and its absolute inflow. A
+    group is one node: its edges are its members' summed. Every pair's pass is queued, none read."""
+    def codes_of(state: SiteState, s: int) -> Tensor:
+        codes = state.codes[0]
+        return torch.cat([codes[:, drawn[s]], codes[:, grouped[s]].sum(1, keepdim=True)], 1) if grouped[s] \
+            else codes[:, drawn[s]]
+
+    tables = [codes_of(state, s) for s, state in enumerate(states)]
+    for i in range(len(sites) - 1):
+        targets = [*drawn[i + 1], *([tuple(grouped[i + 1])] if grouped[i + 1] else []), None]
+        concept_edges, error_edges = edges_between(loaded, pixels, (sites[i], states[i]), (sites[i + 1], states[i + 1]),
+                                                   targets, unread=True, frozen=frozen)
+        inflow = concept_edges.abs().sum(1) + error_edges.abs()   # from every upstream node, drawn or not
+        total = concept_edges.sum(1) + error_edges
+        sources = [concept_edges[:, drawn[i]]]
+        if grouped[i]:
+            sources.append(concept_edges[:, grouped[i]].sum(1, keepdim=True))
+        tables.append(torch.cat([*sources, error_edges[:, None], total[:, None], inflow[:, None]], 1))
+    return tables
 
 
 def file_name(model: str, label: str) -> str:

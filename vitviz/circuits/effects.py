@@ -46,8 +46,9 @@ next site), each step α_k has its own downstream gradients ∇_d m |_(α_k), an
 
     IE_ig(u → d) = (1/N) Σ_k ∇_d m |_(α_k) · ∂d/∂u |_(α_k) · Δu
 
-one copy a target and a step. At each step the decomposition above holds, so a node's edges into every downstream
-node plus past the site add up to (1/N) Σ_k ∂m/∂u |_(α_k) · Δu: its integrated-gradients effect.
+one copy a step, every target's backward batched over them. At each step the decomposition above holds, so a
+node's edges into every downstream node plus past the site add up to (1/N) Σ_k ∂m/∂u |_(α_k) · Δu: its
+integrated-gradients effect.
 
 Attention held fixed or not. With `frozen`, every attention pattern and every LayerNorm's scale are constants of
 this photo's pass (`models.relevance.frozen_attention`, `frozen_norm_scales`), circuit-tracer's convention: the
@@ -71,6 +72,7 @@ from .sites import Site
 BASELINES = ("zero", "mean")
 METHODS = ("atp", "ig")   # attribution patching, integrated gradients
 IG_STEPS = 10             # Marks et al.'s
+TARGETS = 256             # edge targets a batched backward takes at once
 FROZEN_IG = ("Integrated gradients with attention held fixed are not offered: each point of the path would hold "
              "its own attention patterns, so the effects would add up to no model's change. Use attribution "
              "patching to hold attention fixed, or integrated gradients with the model's own attention.")
@@ -272,54 +274,50 @@ def edges_between(loaded, pixels: Tensor, upstream: tuple[Site, SiteState], down
     """The edges into each of `targets` (a downstream concept id, several standing as one node whose score is their
     sum, or None: the error node) and, with `unread`, into what the downstream site does not read (one more row,
     the last), from every upstream node: (rows x n concept edges, rows error edges). Attribution patching's, or
-    integrated gradients' where the upstream state holds its `path`. The photo's forward up to the upstream site,
-    one copy of it a row (and a step of the path) from there to the downstream site (where it stops), and one
-    backward."""
+    integrated gradients' where the upstream state holds its `path`. One forward of the photo (of one copy a step of
+    the path from the upstream site on) to the downstream site, where every downstream node's score is read and the
+    pass stops, and one backward batched over the targets (`TARGETS` at a time): no copy a target."""
     (up, up_state), (down, down_state) = upstream, downstream
-    if None in targets[:-1]:
-        raise ValueError("the error node, where it is a target, is the last one")
     along = up_state.path
-    steps = 1 if along is None else len(along.alphas)
-    scored = len(targets)
-    k = scored + unread
-    # copy c is target c // steps at step c % steps: the upstream site there, with that step's downstream gradients
+    n = down_state.codes.shape[-1]
+    # a node's scale s (1 on the photo): its codes (or error) at a step are the baseline + (α - 1 + s) Δ, so ∂S/∂s is
+    # ∂S/∂u · Δu summed over its rows, the edge
     if along is None:
-        codes, error = up_state.codes.expand(k, -1, -1), up_state.error.expand(k, -1, -1)
-        code_gradient, row_gradient, token_gradient = (g.expand(k, -1, -1) for g in (
-            down_state.code_gradient, down_state.row_gradient, down_state.token_gradient))
+        alphas = torch.ones(1, device=pixels.device)
+        code_gradient, row_gradient, token_gradient = (down_state.code_gradient, down_state.row_gradient,
+                                                       down_state.token_gradient)
     else:
-        alphas = along.alphas.repeat(k)[:, None, None].to(up_state.codes)
-        codes = up_state.codes_baseline + alphas * (up_state.codes - up_state.codes_baseline)
-        error = up_state.error_baseline + alphas * (up_state.error - up_state.error_baseline)
-        code_gradient, row_gradient, token_gradient = (g.repeat(k, 1, 1) for g in (
-            along.code_gradient, along.row_gradient, along.token_gradient))
-    codes, error = codes.clone().requires_grad_(True), error.clone().requires_grad_(True)
-    picks = torch.zeros(scored, down_state.codes.shape[-1], device=codes.device, dtype=codes.dtype)
-    for row, target in enumerate(targets):
-        if target is not None:
-            picks[row, list(target) if isinstance(target, Sequence) else target] = 1
-    picks = picks.repeat_interleave(steps, 0)
-    last = slice((scored - 1) * steps, scored * steps)   # the last target's copies
+        alphas = along.alphas
+        code_gradient, row_gradient, token_gradient = along.code_gradient, along.row_gradient, along.token_gradient
+    steps = len(alphas)
+    moved_codes = up_state.codes - up_state.codes_baseline
+    moved_error = up_state.error - up_state.error_baseline
+    along_path = alphas[:, None, None].to(moved_codes) - 1
+    scale = torch.ones(steps, 1, moved_codes.shape[-1], device=pixels.device, dtype=moved_codes.dtype,
+                       requires_grad=True)
+    error_scale = torch.ones(steps, 1, 1, device=pixels.device, dtype=moved_error.dtype, requires_grad=True)
 
     def edit(index: int, tokens: Tensor) -> Tensor:
         with torch.enable_grad():
-            if index == up.block:   # one photo up to here, then one copy a target and a step
-                tokens = tokens.detach().expand(k * steps, *tokens.shape[1:])
+            if index == up.block:   # one photo up to here, then one copy a step
+                tokens = tokens.detach().expand(steps, *tokens.shape[1:])
+                codes = up_state.codes_baseline + (along_path + scale) * moved_codes
+                error = up_state.error_baseline + (along_path + error_scale) * moved_error
                 return splice(up, tokens, codes, error, up.rows(tokens))
-            if index == down.block:
-                rows = down.rows(tokens[:scored * steps])
-                down_codes = down.dictionary.encode(rows)
-                scores = ((down_codes * code_gradient[:scored * steps]).sum(1) * picks).sum(1)
-                if targets[-1] is None:   # the error node's score from its own copies alone: their decodes only
-                    missed = rows[last] - down.dictionary.decode(down_codes[last], rows[last])
-                    scores = torch.cat([scores[:last.start], (missed * row_gradient[last]).sum((1, 2))])
-                if unread:   # the tokens less what the rows write back: X - W R X
-                    rest = tokens[scored * steps:]
-                    passed = rest - down.put(torch.zeros_like(rest), down.rows(rest))
-                    scores = torch.cat([scores, (passed * token_gradient[scored * steps:]).sum((1, 2))])
-                raise _Reached(scores)
+            if index == down.block:   # every downstream node's score: steps x (concepts, the error, the unread)
+                rows = down.rows(tokens)
+                codes = down.dictionary.encode(rows)
+                missed = rows - down.dictionary.decode(codes, rows)
+                passed = tokens - down.put(torch.zeros_like(tokens), rows)   # X - W R X
+                raise _Reached(torch.cat([(codes * code_gradient).sum(1), (missed * row_gradient).sum((1, 2))[:, None],
+                                          (passed * token_gradient).sum((1, 2))[:, None]], 1))
         return tokens
 
+    picks = torch.zeros(len(targets) + unread, n + 2, device=pixels.device, dtype=moved_codes.dtype)
+    for row, target in enumerate(targets):
+        picks[row, n if target is None else list(target) if isinstance(target, Sequence) else target] = 1
+    if unread:
+        picks[-1, n + 1] = 1
     with gradients(frozen):
         try:
             traced(loaded, pixels[:1], edit, grad=True)
@@ -327,36 +325,47 @@ def edges_between(loaded, pixels: Tensor, upstream: tuple[Site, SiteState], down
             scores = reached.scores
         else:   # pragma: no cover - the downstream site is always a block of the trace
             raise AssertionError("the forward never reached the downstream site")
-        code_grads, error_grads = torch.autograd.grad(scores.sum(), [codes, error])
-    concept_edges = (code_grads * (up_state.codes - up_state.codes_baseline)).unflatten(0, (k, steps)).mean(1).sum(1)
-    error_edges = (error_grads * (up_state.error - up_state.error_baseline)).unflatten(0, (k, steps)).mean(1)
-    return concept_edges.detach(), error_edges.sum((1, 2)).detach()
+        concept_edges, error_edges = [], []
+        for start in range(0, len(picks), TARGETS):
+            part = picks[start:start + TARGETS]
+            by_code, by_error = torch.autograd.grad(scores, [scale, error_scale], part[:, None].expand(-1, steps, -1),
+                                                    retain_graph=True, is_grads_batched=True)
+            concept_edges.append(by_code.mean(1)[:, 0])
+            error_edges.append(by_error.mean(1).reshape(-1))
+    return torch.cat(concept_edges).detach(), torch.cat(error_edges).detach()
 
 
 def ablated(loaded, pixels: Tensor, sites: Sequence[Site], keep: Sequence[Tensor], *, baseline: str,
-            keep_errors: Tensor | bool = True) -> Tensor:
-    """m's logits with, at every site in depth order, the concepts where `keep[s]` (b n bool) is False set to their
-    baseline (the others computed from the patched pass), and the errors kept (True, or b x sites bool) or at
-    theirs: one forward of the photo to the first site, of b = keep[s].shape[0] copies from there. -> b x classes
-    logits."""
-    b = keep[0].shape[0]
+            keep_errors: Tensor | Sequence[Tensor] | bool = True, parents: Sequence[Tensor] | None = None) -> Tensor:
+    """m's logits with, at every site in depth order, the concepts where `keep[s]` (b_s n bool) is False set to their
+    baseline (the others computed from the patched pass), and the errors kept (True, or b x sites bool; with
+    `parents`, per site b_s bool) or at theirs: one forward of the photo to the first site, of b_s copies from each
+    site on. `parents[s]` (b_s, for every site after the first) says which copy arriving at site s each of its copies
+    continues, so copies alike up to a site run as one until there; without, every site has the same b copies.
+    -> b_last x classes logits."""
     at = {site.block: position for position, site in enumerate(sites)}
-    errors = torch.as_tensor(keep_errors, device=pixels.device).expand(b, len(sites)) \
-        if not isinstance(keep_errors, Tensor) else keep_errors
+
+    def errors_at(s: int, b: int) -> Tensor:
+        if parents is not None:
+            return keep_errors[s]
+        if isinstance(keep_errors, Tensor):
+            return keep_errors[:, s]
+        return torch.full((b,), bool(keep_errors), device=pixels.device)
 
     def edit(index: int, tokens: Tensor) -> Tensor:
         if index not in at:
             return tokens
         s = at[index]
         site = sites[s]
-        if tokens.shape[0] == 1:   # the first site: one photo up to here, read once for every copy
-            rows, codes, error = (t.expand(b, *t.shape[1:]) for t in read(site, tokens))
-        else:
-            rows, codes, error = read(site, tokens)
-        codes_baseline, error_baseline = site.baseline(baseline, codes, error)
+        b = keep[s].shape[0]
+        rows, codes, error = read(site, tokens)   # once for each copy arriving (the photo alone at the first site)
+        if s > 0 and parents is not None:
+            rows, codes, error, tokens = (t[parents[s]] for t in (rows, codes, error, tokens))
+        codes_baseline, error_baseline = site.baseline(baseline, codes[:1], error[:1])   # the same for every copy
+        rows, codes, error, tokens = (t.expand(b, *t.shape[1:]) for t in (rows, codes, error, tokens))
         codes = torch.where(keep[s][:, None, :], codes, codes_baseline)
-        error = torch.where(errors[:, s, None, None], error, error_baseline)
-        return splice(site, tokens.expand(b, *tokens.shape[1:]), codes, error, rows)
+        error = torch.where(errors_at(s, b)[:, None, None], error, error_baseline)
+        return splice(site, tokens, codes, error, rows)
 
     with torch.inference_mode():
         return traced(loaded, pixels[:1], edit, grad=False).logits

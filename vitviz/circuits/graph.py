@@ -17,7 +17,16 @@ against activation patching, and the graph's size.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, fields
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .host import OnHost
+
+if TYPE_CHECKING:
+    from .adjacency import Adjacency
 
 FAITHFUL = 0.6      # the F the circuit must reach
 EDGE_SHARE = 0.05   # of each node's absolute inflow
@@ -43,6 +52,15 @@ def unread_id(block: int) -> str:
 
 
 INPUT, LOGIT = "input", "logit"
+
+
+@dataclass(frozen=True)
+class Place:
+    """What drawing a site's nodes needs of it: its block, the grid of its rows on the photo, whether row 0 is the
+    class token (a `sites.Site` has the same three)."""
+    block: int
+    grid: tuple[int, int]
+    class_token: bool
 
 
 @dataclass(frozen=True)
@@ -95,6 +113,8 @@ class Circuit:
     patching: dict = field(default_factory=dict)
     candidates: int = 0               # concept nodes there were to choose from (every site's concepts)
     notes: list[str] = field(default_factory=list)   # what a reader must know to read it, in words
+    # a photo's circuit: what it was pruned from, to be pruned again at another size on the host (`adjacency.py`)
+    adjacency: Adjacency | None = field(default=None, repr=False, compare=False)
 
     def node(self, node: str) -> Node:
         return next(n for n in self.nodes if n.id == node)
@@ -115,7 +135,7 @@ class Circuit:
 
     def to_json(self) -> dict:
         """The graph as plain data (numbers to DIGITS significant digits)."""
-        data = {k: v for k, v in asdict(self).items() if k not in ("nodes", "edges")}
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("nodes", "edges", "adjacency")}
         data["nodes"] = [{k: _round(v) for k, v in asdict(n).items() if v is not None} for n in self.nodes]
         data["edges"] = [{**asdict(e), "weight": _round(e.weight)} for e in self.edges]
         data["size"] = self.size
@@ -130,3 +150,80 @@ def _round(value):
     if isinstance(value, (list, tuple)):
         return [_round(v) for v in value]
     return value
+
+
+def graph_edges(sites: Sequence[Place], host: Sequence[OnHost], tables: Sequence[np.ndarray],
+                drawn: Sequence[list[int]], grouped: Sequence[list[int]], *, edge_share: float
+                ) -> tuple[list[Edge], list[float | None]]:
+    """The edges between the drawn nodes from their tables (`Adjacency.tables`, `classes.edge_tables` read to the host:
+    per site the drawn concepts' maps, then per pair one row a downstream target and one column a drawn upstream
+    source, then the row's total and absolute inflow over every upstream node): the input's into the first site (each
+    node's effect), each consecutive pair's (pruned by each target's inflow), the last site's into the metric; and
+    per site the effect of the upstream site that passes its dictionary by (None where no edge into it is kept)."""
+    def ids(s: int, unread: bool = False) -> list[str]:
+        block = sites[s].block
+        return [*(node_id(block, c) for c in drawn[s]), *([group_id(block)] if grouped[s] else []),
+                node_id(block, None), *([unread_id(block)] if unread else [])]
+
+    def effects(s: int) -> list[float]:
+        group = [float(host[s].effects[grouped[s]].sum())] if grouped[s] else []
+        return [*(float(host[s].effects[c]) for c in drawn[s]), *group, host[s].error_effect]
+
+    edges = [Edge(INPUT, target, weight) for target, weight in zip(ids(0), effects(0))]
+    unread: list[float | None] = [None]
+    for i, weights in enumerate(tables[len(sites):]):   # targets x (sources, the error, the total, the inflow)
+        for target, (*row, _, inflow) in zip(ids(i + 1, unread=True), weights.tolist()):
+            edges += [Edge(source, target, weight) for source, weight in zip(ids(i), row)
+                      if inflow > 0 and abs(weight) >= edge_share * inflow]
+        passed = any(e.target == unread_id(sites[i + 1].block) for e in edges)
+        unread.append(float(weights[-1, -2]) if passed else None)   # the unread row's total over every source
+    last = len(sites) - 1
+    edges += [Edge(source, LOGIT, weight) for source, weight in zip(ids(last), effects(last))]
+    return edges, unread
+
+
+def graph_nodes(sites: Sequence[Place], host: Sequence[OnHost], maps: Sequence[np.ndarray], drawn: Sequence[list[int]],
+                grouped: Sequence[list[int]], errors_in: Sequence[bool], unread: Sequence[float | None], *,
+                metric_name: str, value: float, names: Sequence[dict[int, str] | None] | None) -> list[Node]:
+    """The graph's nodes: the photo, each site's drawn concepts, its group, its error and what passes it by, the
+    metric."""
+    nodes = [Node(id=INPUT, kind="input", name="the photo")]
+    for s, site in enumerate(sites):
+        named = (names[s] if names else None) or {}
+        nodes += [_concept_node(site, host[s], c, maps[s][:, i], named.get(c)) for i, c in enumerate(drawn[s])]
+        if grouped[s]:
+            nodes.append(_group_node(site, host[s], grouped[s], maps[s][:, -1]))
+        nodes.append(_error_node(site, host[s], in_circuit=errors_in[s]))
+        if unread[s] is not None:   # the upstream site's effect that passes this dictionary by
+            nodes.append(Node(id=unread_id(site.block), kind=UNREAD, name="not read by its dictionary",
+                              effect=unread[s], block=site.block))
+    nodes.append(Node(id=LOGIT, kind="logit", name=metric_name, effect=value))
+    return nodes
+
+
+def _grid_values(site: Place, values: np.ndarray) -> tuple[list[float], float | None]:
+    """A rows-long vector -> (its grid cells row-major, its class token's value or None)."""
+    if site.class_token:
+        return values[1:].tolist(), float(values[0])
+    return values.tolist(), None
+
+
+def _concept_node(site: Place, host: OnHost, concept: int, codes: np.ndarray, name: str | None) -> Node:
+    where, class_token = _grid_values(site, codes)
+    return Node(id=node_id(site.block, concept), kind="concept", name=name or f"concept {concept}",
+                effect=float(host.effects[concept]), block=site.block, concept=concept,
+                activation=float(host.activations[concept]), grid=site.grid, map=where, class_token=class_token)
+
+
+def _group_node(site: Place, host: OnHost, concepts: list[int], codes: np.ndarray) -> Node:
+    where, class_token = _grid_values(site, codes)
+    return Node(id=group_id(site.block), kind=GROUP, name=f"{len(concepts)} more concepts",
+                effect=float(host.effects[concepts].sum()), block=site.block, concepts=concepts,
+                activation=float(host.activations[concepts].sum()), grid=site.grid, map=where, class_token=class_token)
+
+
+def _error_node(site: Place, host: OnHost, *, in_circuit: bool) -> Node:
+    where, class_token = _grid_values(site, host.error_map)
+    return Node(id=node_id(site.block, None), kind="error", name="error",
+                effect=host.error_effect, block=site.block, activation=host.error_activation, grid=site.grid,
+                map=where, class_token=class_token, in_circuit=in_circuit)

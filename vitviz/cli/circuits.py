@@ -3,6 +3,10 @@ JSON and a picture of it per model, for the same class; nodes the models share (
 
     python -m vitviz circuits PHOTO --models vit-cifar10 cvt-cifar10 --out DIR [--dictionaries SOURCE...]
 
+Beside each graph, what it was pruned from (`circuits.adjacency`: every size up to twice the circuit's, or with
+--every-size every size of the ranking, and the edges of every node up to there), to prune it again at another size
+with no model pass (`circuits.resized(circuits.load_adjacency(FILE), nodes=K)`).
+
 Every input is checked before anything runs, and the files are written only once every circuit is computed, each
 atomically: a bad input writes nothing."""
 from __future__ import annotations
@@ -20,6 +24,7 @@ from ..circuits import (
     data_class_circuit,
     data_faithfulness,
     photo_circuit,
+    save_adjacency,
 )
 from ..circuits.classes import file_name as class_file
 from ..circuits.neuronpedia import neuronpedia_graph
@@ -39,6 +44,11 @@ SHOWN = 5   # the strongest concept nodes printed per model
 def file_names(model: str) -> tuple[str, str]:
     """The graph's JSON and its picture, for one model."""
     return f"circuit-{safe_name(model)}.json", f"circuit-{safe_name(model)}.png"
+
+
+def adjacency_name(model: str) -> str:
+    """What the graph was pruned from (`circuits.save_adjacency`), for one model."""
+    return f"circuit-{safe_name(model)}.adjacency.safetensors"
 
 
 def viewer_name(model: str) -> str:
@@ -161,17 +171,18 @@ def cmd_circuits(args) -> int:
     runs = [ModelRun(model, image) for model in loaded]
     first = next((run for run in runs if run.has_classifier), None)
     target = args.target if args.target is not None or first is None else first.top(1)[0].label
-    graphs = []
+    graphs, adjacencies = [], []
     for model, chosen in zip(loaded, sources):
         try:
             circuit = photo_circuit(model, image, dictionaries=chosen, target=class_index(model, target, "class"),
                                     contrast=class_index(model, args.contrast, "contrast class"),
                                     metric=METRIC_KINDS[args.metric] if args.contrast is None else "contrast",
                                     baseline=args.baseline, method=args.method, steps=args.steps, frozen=args.frozen,
-                                    faithful=args.faithfulness, edge_share=args.edge_share)
+                                    faithful=args.faithfulness, edge_share=args.edge_share, every=args.every_size)
         except ConceptsError as e:
             raise UsageError(f"{model.name}: {e}") from None
         graphs.append(circuit.to_json())
+        adjacencies.append(circuit.adjacency)
         report(circuit, chosen)
     curves = []
     for model, chosen in zip(loaded, sources) if data is not None else ():   # each image's own circuit, averaged
@@ -189,11 +200,12 @@ def cmd_circuits(args) -> int:
         print(f"{len(shared[0])} concept(s) of one dictionary across the models are in every circuit (framed green)")
     out = prepare_out(Path(args.out))
     size = (image.height, image.width)
-    for run, graph, mine in zip(runs, graphs, shared):
+    for run, graph, mine, adjacency in zip(runs, graphs, shared, adjacencies):
         data, picture = file_names(run.name)
         drawn = circuit_graph(graph, run.canvas, places(run.trace, run.loaded.transform, size, graph), shared=mine)
         write_atomic(out / data, (json.dumps(graph, indent=1) + "\n").encode())
         write_atomic(out / picture, png_bytes(drawn))
+        save_adjacency(adjacency, out / adjacency_name(run.name))
     for run, curve in zip(runs, curves):
         write_atomic(out / curve_name(run.name), (json.dumps(curve, indent=1) + "\n").encode())
     viewers = runs if args.format == "neuronpedia" else []
@@ -202,8 +214,8 @@ def cmd_circuits(args) -> int:
         viewer = neuronpedia_graph(graph, depth=len(run.trace.blocks), prompt=Path(args.photo).name,
                                    probability=probability, dictionaries=chosen)
         write_atomic(out / viewer_name(run.name), (json.dumps(viewer, indent=1) + "\n").encode())
-    written = [n for run in runs for n in file_names(run.name)] + [curve_name(run.name) for run in runs[:len(curves)]] \
-        + [viewer_name(run.name) for run in viewers]
+    written = [n for run in runs for n in (*file_names(run.name), adjacency_name(run.name))] \
+        + [curve_name(run.name) for run in runs[:len(curves)]] + [viewer_name(run.name) for run in viewers]
     print(f"wrote {len(written)} files to {out}: " + ", ".join(written))
     return 0
 
@@ -219,6 +231,10 @@ def report(circuit, sources: list[str]) -> None:
           f"the smallest ranked circuit reaching F {f['target']:.2f}; completeness {completeness}; "
           f"{size['nodes']} nodes drawn, {size['edges']} edges ({circuit.method}, {circuit.baseline} baseline, "
           f"attention {circuit.attention.split(' (')[0]})")
+    held = circuit.adjacency.held
+    at_held = f["curve"][held]["faithfulness"]   # every size up to `held` measured: the curve's point `held`
+    print(f"  kept to prune again with no model pass: every size up to {held} nodes"
+          + ("" if at_held is None else f" (F {at_held:.3f} there)"))
     print_strongest(circuit)
     for note in circuit.notes:
         print(f"  note: {note}")
@@ -258,6 +274,9 @@ def add_parser(sub) -> None:
     c.add_argument("--faithfulness", type=float, default=FAITHFUL,
                    help="the F the circuit must reach: the smallest set of nodes, ranked by |effect| across all "
                         "blocks, that reaches it")
+    c.add_argument("--every-size", action="store_true",
+                   help="keep every size of the ranking in the adjacency file beside the graph, not only up to twice "
+                        "the circuit's (slower: twice the time on the bundled pair)")
     c.add_argument("--data", default=None, help="also the faithfulness curve over a data set (each image's circuit of "
                                                 "its top class; faithfulness-<model>.json): " + DATA_HELP)
     c.add_argument("--split", default="test", help="the .npz's split to read (default: test)")

@@ -1,5 +1,6 @@
 """The Circuits tab's words: each model's line (its circuit's size, F and the values it divides), the line saying the
-two models disagree, the concepts both circuits hold, and a node card's words (its effect, edges, removal)."""
+two models disagree, the line on circuits pruned again to the size slider's, the concepts both circuits hold, and a
+node card's words (its effect, edges, removal)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -52,6 +53,18 @@ def disagreement(runs_: list[ModelRun], target: str) -> str:
             f"not pick. Choose *each model's own top class* in the class box to see each one's own answer.")
 
 
+def size_words(runs_: list[ModelRun], found: list[gpu.CircuitReading | str], nodes: int | None) -> str:
+    """Where the size slider pruned both circuits again: the line saying so, and which model kept fewer sizes (drawn
+    at its largest)."""
+    if nodes is None:
+        return ""
+    short = [f"{run.name} kept every size up to {reading.circuit.adjacency.held} nodes and is drawn at that"
+             for run, reading in zip(runs_, found)
+             if not isinstance(reading, str) and reading.circuit.adjacency.held < nodes]
+    return (f"**Circuits of {nodes} nodes**, strongest first: pruned again here from what the drawing measured, with "
+            f"no model pass; F at each size was measured, not guessed" + "".join(f"; {line}" for line in short) + ".")
+
+
 def shared_words(found: list[gpu.CircuitReading | str], shared: list[set[str]]) -> str:
     """The line on the nodes both circuits hold: the same concept of one dictionary across both models."""
     if any(isinstance(reading, str) for reading in found):
@@ -85,6 +98,10 @@ def removal_words(found: gpu.CircuitReading, node) -> str:
         return ""
     if isinstance(removal, str):
         return f"**Remove this concept**: not here. {removal}"
+    if node.concept not in removal.without:   # a circuit pruned again: measured for the drawing's own nodes
+        return (f"**Remove this concept**: measured for the concepts of the circuit of "
+                f"{found.circuit.adjacency.header['measured']['nodes']} nodes drawn first; draw the circuits with "
+                f"another faithfulness to measure it.")
     probability, top = removal.without[node.concept]
     moved = f"{removal.target} {change(removal.probability, probability)}"
     return (f"**Remove this concept** from block {node.block + 1} (the rest of the model run on): {moved}"
@@ -117,3 +134,17 @@ def card_words(run: ModelRun, found: gpu.CircuitReading, node, partner: str) -> 
         lines.append(removal_words(found, node))
     lines.append(partner)
     return "\n\n".join(line for line in lines if line)
+
+
+def class_words(model: str, label: str, graph: dict | None) -> str:
+    """A model's line over its shipped circuit of a class over the test set: F with its interval, or how to make
+    one where none ships."""
+    if graph is None:
+        return (f"**{model}**: no circuit of {label} over a data set ships for it (the bundled pair's do); `vitviz "
+                f"circuits --models {model} --data cifar10 --class {label} --out DIR` makes one.")
+    f = graph["faithfulness"]
+    value = "undefined" if f["value"] is None else (
+        f"**F = {f['value']:.2f}** ({f['level']:.0%} interval {f['interval'][0]:.2f} to {f['interval'][1]:.2f})")
+    return (f"**{model}**: {graph['metric']} over {f['images']} test images labelled {label}: {value} with "
+            f"{f['concept_nodes']} concepts and {f['error_nodes']} error nodes, each node's effect its mean over the "
+            f"images; the tiles show where each concept fires on average, on a grey photo.")

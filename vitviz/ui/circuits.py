@@ -9,23 +9,25 @@ how often it fires, its strongest inputs and outputs, what removing it does to t
 like (`pictures.py`: shipped beside its dictionary, or drawn here by "Draw this concept").
 
 One GPU call reads both circuits for one set of choices (`gpu.read_circuits`, kept in the session); the pictures,
-the cards and the clicks are drawn from what it returned."""
+the cards and the clicks are drawn from what it returned. The circuit size slider prunes both circuits again on the
+host to that many nodes from what the call kept (`circuits.resized`: every size up to twice each circuit's measured,
+and every node's edges up to there), with no model pass."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import gradio as gr
 import numpy as np
 
-from ..circuits import FAITHFUL
+from ..circuits import FAITHFUL, resized
 from ..circuits.effects import FROZEN_IG
 from ..render.circuits import ERROR_CMAP, circuit_faithfulness, circuit_graph, graph_layout, node_at
 from ..render.concepts import cell_overlay, concept_card, exemplar_layout, photo_side
 from ..session import ModelRun
 from . import gpu, pictures
-from .circuit_words import OWN, SIDES, card_words, disagreement, model_words, shared_words
+from .circuit_words import OWN, SIDES, card_words, class_words, disagreement, model_words, shared_words, size_words
 from .concepts import exemplar_tiles
 from .shared import HIDDEN, INSTANT, MODEL_EVENTS, Page, as_files, runs, session
 
@@ -107,16 +109,23 @@ def asked_for(runs_: list[ModelRun], target, contrast, baseline, method, frozen,
 
 
 def readings(key, asked: tuple, progress=None) -> list[gpu.CircuitReading | str]:
-    """Both models' circuits for the choices `asked` (`asked_for`'s): one `gpu.read_circuits` call the first time,
-    kept in the session."""
+    """Both models' circuits for `asked` (`asked_for`'s choices, then the size in nodes; None: the faithful one): one
+    `gpu.read_circuits` call the first time for the choices, kept in the session; a size, both pruned again on the
+    host from what it kept (at most its largest kept size: `size_words` says so), no model pass."""
     kept = session(key)
-    target, contrast, baseline, method, frozen, faithful = asked
+    *choices, nodes = asked
+    target, contrast, baseline, method, frozen, faithful = choices
 
     def compute():
         return gpu.read_circuits(kept.names, kept.picture, None if target == OWN else target, contrast,
                                  baseline=baseline, method=method, frozen=frozen, faithful=faithful,
                                  progress=progress)
-    return kept.reading(("circuits", *asked), compute)
+    found = kept.reading(("circuits", *choices), compute)
+    if nodes is None:
+        return found
+    return kept.reading(("circuits", *asked), lambda: [
+        reading if isinstance(reading, str) else replace(reading, circuit=resized(
+            reading.circuit.adjacency, nodes=min(nodes, reading.circuit.adjacency.held))) for reading in found])
 
 
 def graphs_of(found: list[gpu.CircuitReading | str]) -> list[dict | None]:
@@ -170,16 +179,40 @@ def render_circuits(key, target=TOP, contrast=NONE, baseline="zero", method="atp
     asked = asked_for(runs_, target, contrast, baseline, method, frozen, faithful)
     if scope == CLASS_SCOPE:
         return class_circuits(runs_, asked[0])
+    return shown(key, (*asked, None), progress)
+
+
+def shown(key, asked: tuple, progress=None) -> Shown:
+    """Both circuits for `asked` (`readings`'), drawn: the words, the graphs, the curves, the node box."""
+    runs_ = runs(key)
     found = readings(key, asked, progress=progress)
     graphs = graphs_of(found)
     shared = shared_of(graphs)
     pictures = [graph_picture(run, graph, mine) for run, graph, mine in zip(runs_, graphs, shared)]
     curves = {run.name: graph["faithfulness"] for run, graph in zip(runs_, graphs) if graph}
-    lines = [disagreement(runs_, asked[0]), *(model_words(run, reading) for run, reading in zip(runs_, found)),
-             shared_words(found, shared)]
+    lines = [disagreement(runs_, asked[0]), size_words(runs_, found, asked[-1]),
+             *(model_words(run, reading) for run, reading in zip(runs_, found)), shared_words(found, shared)]
     return Shown("\n\n".join(line for line in lines if line), *pictures,
                  circuit_faithfulness(curves) if curves else None,
                  gr.Dropdown(choices=picker_choices(runs_, graphs), value=None), None, "", asked)
+
+
+def resize_circuits(key, asked, nodes) -> Shown:
+    """The size slider: the circuits drawn last pruned again on the host to `nodes` nodes, no model pass."""
+    if key is None or asked is None or nodes is None:
+        return Shown(*(gr.skip(),) * len(Shown._fields))
+    return shown(key, (*asked[:-1], int(nodes)))
+
+
+def size_slider(key, asked) -> gr.Slider:
+    """The circuit size slider after a drawing: from 1 to the most nodes either circuit kept every size of, on the
+    left one's size; locked where nothing was kept (the class over a data set, no circuit)."""
+    found = [r for r in ([] if key is None or asked is None else readings(key, asked)) if not isinstance(r, str)]
+    if not found:
+        return gr.Slider(interactive=False)
+    held = max(reading.circuit.adjacency.held for reading in found)
+    return gr.Slider(minimum=1, maximum=max(held, 2), value=found[0].circuit.faithfulness["nodes"], step=1,
+                     interactive=held > 1)
 
 
 def class_circuits(runs_: list[ModelRun], target: str) -> Shown:
@@ -193,17 +226,7 @@ def class_circuits(runs_: list[ModelRun], target: str) -> Shown:
         label = run.top(1)[0].label if target == OWN and run.has_classifier else target
         graph = shipped(run.name, label) if run.has_classifier else None
         graphs.append(graph)
-        if graph is None:
-            lines.append(f"**{run.name}**: no circuit of {label} over a data set ships for it (the bundled pair's "
-                         f"do); `vitviz circuits --models {run.name} --data cifar10 --class {label} --out DIR` makes "
-                         f"one.")
-            continue
-        f = graph["faithfulness"]
-        value = "undefined" if f["value"] is None else (
-            f"**F = {f['value']:.2f}** ({f['level']:.0%} interval {f['interval'][0]:.2f} to {f['interval'][1]:.2f})")
-        lines.append(f"**{run.name}**: {graph['metric']} over {f['images']} test images labelled {label}: {value} "
-                     f"with {f['concept_nodes']} concepts and {f['error_nodes']} error nodes, each node's effect its "
-                     f"mean over the images; the tiles show where each concept fires on average, on a grey photo.")
+        lines.append(class_words(run.name, label, graph))
     shared = shared_of(graphs)
     pictures = [None if graph is None else class_picture(run, graph, mine)
                 for run, graph, mine in zip(runs_, graphs, shared)]
@@ -367,6 +390,9 @@ def layout(page: Page) -> CircuitsTab:
                 frozen = gr.Checkbox(label="hold attention fixed", info="its patterns and norm scales as this photo's "
                                      "constants (circuit-tracer's convention)", elem_id="circuits-frozen")
         note = gr.Markdown(elem_id="circuits-note")
+        size = gr.Slider(1, 2, value=1, step=1, label="circuit size (nodes)", interactive=False,
+                         info="both circuits pruned again to this many nodes, strongest first: no model runs",
+                         elem_id="circuits-size")
         with gr.Row(equal_height=False):
             graph_a = gr.Image(label="left: its circuit (click a node)", interactive=False, min_width=300,
                                elem_id="circuits-graph-a")
@@ -388,14 +414,19 @@ def layout(page: Page) -> CircuitsTab:
         is_open, asked = gr.State(False), gr.State(None)
     choices = [target, contrast, baseline, method, frozen, faithful, scope]
     outputs = [note, graph_a, graph_b, curves, picker, card, words, asked]
-    draw.click(as_files(render_circuits), inputs=[key, *choices], outputs=outputs, api_name="circuit",
-               **MODEL_EVENTS)
-    tab.select(as_files(render_circuits), inputs=[key, *choices], outputs=outputs, api_name=None, **MODEL_EVENTS,
-               **HIDDEN)
+
+    def sized(event) -> None:   # after a drawing: the size slider over what its circuits kept
+        event.success(size_slider, inputs=[key, asked], outputs=[size], api_name=None, **INSTANT, **HIDDEN)
+    sized(draw.click(as_files(render_circuits), inputs=[key, *choices], outputs=outputs, api_name="circuit",
+                     **MODEL_EVENTS))
+    sized(tab.select(as_files(render_circuits), inputs=[key, *choices], outputs=outputs, api_name=None,
+                     **MODEL_EVENTS, **HIDDEN))
     for control in (target.input, contrast.input, baseline.input, method.input, frozen.input, faithful.release,
                     scope.input):
-        control(as_files(render_circuits), inputs=[key, *choices], outputs=outputs, api_name=None, **MODEL_EVENTS,
-                **HIDDEN)
+        sized(control(as_files(render_circuits), inputs=[key, *choices], outputs=outputs, api_name=None,
+                      **MODEL_EVENTS, **HIDDEN))
+    size.release(as_files(resize_circuits), inputs=[key, asked, size], outputs=outputs, api_name=None, **INSTANT,
+                 **HIDDEN)   # on the host: what the drawing kept, pruned again
     card_outputs = [card, words, graph_a, graph_b, draw_concept, draw_variants]
     picker.change(as_files(node_card), inputs=[key, asked, picker], outputs=card_outputs, api_name=None, **INSTANT,
                   **HIDDEN)
@@ -411,7 +442,8 @@ def layout(page: Page) -> CircuitsTab:
         open, the new photo's (a model pass)."""
         cleared = event.success(after_explain, inputs=[key], outputs=[target, contrast, *outputs], api_name=None,
                                 **INSTANT, **HIDDEN)
-        cleared.success(as_files(circuits_if_open), inputs=[key, *choices, is_open], outputs=outputs, api_name=None,
-                        **MODEL_EVENTS, **HIDDEN)
+        sized(cleared)
+        sized(cleared.success(as_files(circuits_if_open), inputs=[key, *choices, is_open], outputs=outputs,
+                              api_name=None, **MODEL_EVENTS, **HIDDEN))
 
     return CircuitsTab(explained=explained)

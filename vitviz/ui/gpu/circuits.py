@@ -2,7 +2,8 @@
 its dictionaries at several depths: `circuits.pair.sources_for`), and what the tab's node cards show of each concept
 node: its top images from its dictionary's exemplar index, how often it fires there, and what removing it from its
 block does to the prediction (`splice.concept_effects`, the Concepts tab's removal). Plain data (`CircuitReading`):
-the graph is the `Circuit` dataclass of floats and lists."""
+the graph is the `Circuit` dataclass of floats and lists, with what it was pruned from (`Circuit.adjacency`, numpy
+arrays), which the tab's size slider prunes again in the app's process."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
