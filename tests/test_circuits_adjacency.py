@@ -173,10 +173,10 @@ def test_a_wrong_or_damaged_adjacency_file_is_refused_in_words(vit, tmp_path):
     def missing(tensors, meta):
         del tensors["site1.maps"]
 
-    cases = [(junk, "cannot be read as a circuit's adjacency"), (other, "not a vitviz circuit adjacency"),
+    cases = [(junk, "cannot be read as a vitviz circuit adjacency"), (other, "not a vitviz circuit adjacency"),
              (damaged, "is damaged: its tensors are not the ones it was written with"),
              (rewritten(path, tmp_path, newer), "written by a newer vitviz"),
-             (tmp_path / "absent.safetensors", "cannot be read as a circuit's adjacency")]
+             (tmp_path / "absent.safetensors", "cannot be read as a vitviz circuit adjacency")]
     for change, words in ((edges_cut, "the edges into site 1 do not fit"),
                           (unranked, "its ranking is not each node above the floor once, strongest first"),
                           (missing, "it has no site1.maps")):

@@ -39,11 +39,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load as load_tensors, save as save_tensors
+from safetensors.torch import save as save_tensors
 from torch import Tensor
 
-from ..concepts.files.own import checked_format, checksum, header_json
+from ..concepts.files.own import checksum, read_checked
 from ..concepts.kinds.dictionary import ConceptsError
 from ..files import write_atomic
 from .effects import SiteState, edges_between
@@ -208,16 +207,8 @@ def load_adjacency(path: str | Path) -> Adjacency:
     """The adjacency in a file `save_adjacency` wrote, checked whole: a file that is not one, damaged, from a newer
     vitviz, or whose parts do not fit together is refused in words (`ConceptsError`)."""
     path = Path(path)
-    try:
-        raw = path.read_bytes()
-        tensors = load_tensors(raw)
-        meta = checked_format(header_json(raw, path, key=HEADER_KEY, what="circuit adjacency"), path, format=FORMAT,
-                              version=VERSION, what="circuit adjacency")
-    except (OSError, SafetensorError, ConceptsError, ValueError) as e:
-        raise ConceptsError(f"{path} cannot be read as a circuit's adjacency ({str(e).splitlines()[0]}).") from None
-    if meta.get("sha256") != checksum(tensors):
-        raise ConceptsError(f"{path} is damaged: its tensors are not the ones it was written with; write it again "
-                            f"(`vitviz circuits PHOTO --out DIR`).")
+    tensors, meta = read_checked(path, key=HEADER_KEY, format=FORMAT, version=VERSION, what="circuit adjacency",
+                                 again="write it again (`vitviz circuits PHOTO --out DIR`)")
     try:
         return _checked(tensors, meta)
     except (KeyError, TypeError, ValueError, IndexError) as e:

@@ -150,6 +150,18 @@ def read_in(loaded, dictionaries: dict, source, concept: int, photos, count: int
     return float(np.percentile(on_data.double().numpy(), PERCENTILE)), read(drawn).double().numpy()
 
 
+def across_dictionary(source) -> Across:
+    """The dictionary across models `source` names (a bundled name or a folder), or a LooksError in words."""
+    try:
+        dictionary = load_dictionary(source)
+    except ConceptsError as e:
+        raise LooksError(str(e)) from None
+    if not isinstance(dictionary, Across):
+        raise LooksError(f"{source} is a dictionary of one model: whether models see a concept alike needs a "
+                         f"dictionary across models (e.g. across-cifar10).")
+    return dictionary
+
+
 def alike(source, concept: int, *, data="cifar10", images: int = IMAGES, device: str | torch.device = "cpu",
           pictures: dict[str, np.ndarray] | None = None) -> Alike:
     """The table (the module docstring) for `concept` of the dictionary across models `source` (a bundled name or a
@@ -158,13 +170,7 @@ def alike(source, concept: int, *, data="cifar10", images: int = IMAGES, device:
     from .. import hub
     from .pictures import SETTINGS, pictures_of
 
-    try:
-        dictionary = load_dictionary(source)
-    except ConceptsError as e:
-        raise LooksError(str(e)) from None
-    if not isinstance(dictionary, Across):
-        raise LooksError(f"{source} is a dictionary of one model: whether models see a concept alike needs a "
-                         f"dictionary across models (e.g. across-cifar10).")
+    dictionary = across_dictionary(source)
     if not isinstance(concept, int) or not 0 <= concept < dictionary.n_concepts:
         raise LooksError(f"{source} has {dictionary.n_concepts} concepts (0 to {dictionary.n_concepts - 1}); no "
                          f"concept {concept!r}.")
@@ -234,13 +240,7 @@ def tables(source, pictures, *, data="cifar10", images: int = IMAGES, device: st
     `data`; `progress(done, all)` counts the models read."""
     from .. import hub
 
-    try:
-        dictionary = load_dictionary(source)
-    except ConceptsError as e:
-        raise LooksError(str(e)) from None
-    if not isinstance(dictionary, Across):
-        raise LooksError(f"{source} is a dictionary of one model: whether models see a concept alike needs a "
-                         f"dictionary across models (e.g. across-cifar10).")
+    dictionary = across_dictionary(source)
     models = dictionary.models
     missing = [m for m in models if m not in pictures.sets]
     if missing:

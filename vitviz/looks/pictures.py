@@ -42,13 +42,12 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image
-from safetensors import SafetensorError
-from safetensors.torch import load as load_tensors, save as save_tensors
+from safetensors.torch import save as save_tensors
 from torch import Tensor
 
 from ..concepts import Across, ConceptsError, load as load_dictionary
 from ..concepts.files import folder_of
-from ..concepts.files.own import checked_format, checksum, header_json
+from ..concepts.files.own import checksum, read_checked
 from ..files import write_atomic
 from .alike import PERCENTILE, SHARED, Alike, Tables
 from .draw import DRAWING, Progress, Settings, draw, transparent
@@ -197,15 +196,10 @@ def pictures_of(source: str | Path) -> Pictures | None:
     if path is None or not path.is_file():
         return None
     try:
-        raw = path.read_bytes()
-        tensors = load_tensors(raw)
-        header = checked_format(header_json(raw, path, key=HEADER_KEY, what="pictures file"), path, format=FORMAT,
-                                version=VERSION, what="pictures file")
-    except (OSError, SafetensorError, ConceptsError, ValueError) as e:
-        raise LooksError(f"{path} cannot be read as a dictionary's pictures ({str(e).splitlines()[0]}).") from None
-    if header.get("sha256") != checksum(tensors):
-        raise LooksError(f"{path} is damaged: its tensors are not the ones it was written with; draw the pictures "
-                         f"again (checkpoints/concepts/looks.sh).")
+        tensors, header = read_checked(path, key=HEADER_KEY, format=FORMAT, version=VERSION, what="pictures file",
+                                       again="draw the pictures again (checkpoints/concepts/looks.sh)")
+    except ConceptsError as e:
+        raise LooksError(str(e)) from None
     n = int(header["n_concepts"])
     sets = {}
     for name in header["sets"]:

@@ -137,6 +137,22 @@ def header_json(data: bytes, path: Path, *, key: str, what: str):
         raise ConceptsError(f"{path}: its vitviz header is not valid JSON ({e}).") from None
 
 
+def read_checked(path: Path, *, key: str, format: str, version: int, what: str, again: str) -> tuple[dict, dict]:
+    """A checksummed vitviz safetensors file's (tensors, header), or a ConceptsError in words where it cannot be
+    read as a `what` of `format` (up to `version`), or its tensors are not those it was written with (`again`: how
+    to make it anew)."""
+    try:
+        raw = path.read_bytes()
+        tensors = load_tensors(raw)
+    except (OSError, SafetensorError) as e:
+        raise ConceptsError(f"{path} cannot be read as a vitviz {what} ({_reason(e)}).") from None
+    header = checked_format(header_json(raw, path, key=key, what=what), path, format=format, version=version,
+                            what=what)
+    if header.get("sha256") != checksum(tensors):
+        raise ConceptsError(f"{path} is damaged: its tensors are not the ones it was written with; {again}.")
+    return tensors, header
+
+
 def checked_format(header, path: Path, *, format: str, version: int, what: str) -> dict:
     """A vitviz file's header or manifest (parsed JSON), refused in words unless it is an object of `format` at
     `version` or an earlier one (a later one asks for a newer vitviz)."""
