@@ -41,6 +41,27 @@ def node_id(block: int, concept: int | None) -> str:
     return f"b{block}/error" if concept is None else f"b{block}/c{concept}"
 
 
+def cell_of(place: Place, row: int) -> tuple[int, int] | None:
+    """A site's row -> its (row, column) on the site's grid, or None for the class token."""
+    if place.class_token:
+        if row == 0:
+            return None
+        row -= 1
+    return divmod(row, place.grid[1])
+
+
+def at_cell(place: Place, row: int) -> str:
+    """Where a site's row is, in words: '(2, 3)' (grid row, column) or 'the class token'."""
+    cell = cell_of(place, row)
+    return "the class token" if cell is None else f"({cell[0]}, {cell[1]})"
+
+
+def position_id(place: Place, concept: int | None, row: int) -> str:
+    """'b3/c394@2,3' for a concept at one cell, 'b3/error@2,3' for the error there ('@cls': the class token)."""
+    cell = cell_of(place, row)
+    return f"{node_id(place.block, concept)}@{'cls' if cell is None else f'{cell[0]},{cell[1]}'}"
+
+
 def group_id(block: int) -> str:
     """'b3/more': a site's group node."""
     return f"b{block}/more"
@@ -80,6 +101,7 @@ class Node:
     class_token: float | None = None  # its value at the class token, where the site reads one
     concepts: list[int] | None = None  # a group's members
     in_circuit: bool | None = None   # an error node: whether it is one of the circuit's nodes
+    position: int | None = None      # a node per position (`positions.py`): its row at the site (`cell_of`)
 
 
 @dataclass(frozen=True)
