@@ -146,3 +146,27 @@ def test_nodes_say_their_cell_and_the_graph_is_plain_data():
     ids = {n["id"] for n in data["nodes"]}
     assert all(e["source"] in ids and e["target"] in ids for e in data["edges"])
     assert any("Nodes per position" in note for note in data["notes"])
+
+
+def test_a_photo_circuits_concept_node_carries_its_effect_at_each_cell_kept_in_its_adjacency_file(tmp_path):
+    """A node's effect per cell is its attribution term at each row, the class token's share apart; they sum to
+    its effect, and the adjacency file keeps them (pruned again, the nodes have the same maps)."""
+    from vitviz.circuits import load_adjacency, resized, save_adjacency
+
+    loaded, pixels, sites = tiny_sites(tiny("vit"), blocks=[1, -1])   # the class token read at both sites
+    graph = circuit(loaded, pixels, sites, Metric(2), nodes=8, most=2)
+    _, states = attribution(loaded, pixels, sites, Metric(2))
+    at = {site.block: s for s, site in enumerate(sites)}
+    concepts = [n for n in graph.nodes if n.kind == "concept"]
+    assert concepts
+    for node in concepts:
+        expected = states[at[node.block]].concept_effects[:, node.concept]
+        np.testing.assert_allclose(node.effect_map, expected[1:].numpy(), rtol=1e-5, atol=1e-7)
+        assert sum(node.effect_map) + float(expected[0]) == pytest.approx(node.effect, rel=1e-5, abs=1e-7)
+    for node in (n for n in graph.nodes if n.kind == "group"):
+        assert len(node.effect_map) == node.grid[0] * node.grid[1]
+    again = resized(load_adjacency(save_adjacency(graph.adjacency, tmp_path / "a.safetensors")), nodes=8)
+    for a, b in zip(again.nodes, graph.nodes, strict=True):
+        assert a.id == b.id and (a.effect_map is None) == (b.effect_map is None)
+        if a.effect_map is not None:
+            np.testing.assert_allclose(a.effect_map, b.effect_map, rtol=1e-9)

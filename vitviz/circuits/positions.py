@@ -165,12 +165,15 @@ def _nodes(places: Sequence[Place], host: Sequence[OnHost], codes: Sequence[np.n
         n = concepts[s]
         for flat in members[s]:
             concept, row, name = _name(place, flat, n, names[s] if names else None)
-            values = host[s].effects.reshape(-1, n + 1)[:, n] if concept is None else codes[s][:, concept]
+            effects = host[s].effects.reshape(-1, n + 1)[:, n if concept is None else concept]
+            values = effects if concept is None else codes[s][:, concept]
             where, token = (values[1:].tolist(), float(values[0])) if place.class_token else (values.tolist(), None)
             nodes.append(Node(id=position_id(place, concept, row), kind="error" if concept is None else "concept",
                               name=name, effect=float(host[s].effects[flat]), block=place.block, concept=concept,
                               activation=float(host[s].activations[flat]), grid=place.grid, map=where,
-                              class_token=token, in_circuit=True if concept is None else None, position=row))
+                              class_token=token, in_circuit=True if concept is None else None, position=row,
+                              effect_map=None if concept is None else
+                              (effects[1:] if place.class_token else effects).tolist()))
     return nodes
 
 
