@@ -170,3 +170,33 @@ def test_a_photo_circuits_concept_node_carries_its_effect_at_each_cell_kept_in_i
         assert a.id == b.id and (a.effect_map is None) == (b.effect_map is None)
         if a.effect_map is not None:
             np.testing.assert_allclose(a.effect_map, b.effect_map, rtol=1e-9)
+
+
+def test_the_circuit_of_one_place_takes_out_only_the_nodes_there_and_keeps_everything_elsewhere(swin):
+    """`place`: at each site the row under one point. Only nodes there are ranked; m(∅) sets them (and nothing
+    else) to zero, m(C) keeps the circuit's and everything elsewhere, both recomputed cell by cell."""
+    loaded, pixels, sites, metric = swin
+    place = [1 + 2 * site.grid[1] + 3 if site.class_token else (2 * site.grid[0] // 8) * site.grid[1]
+             + 3 * site.grid[1] // 8 for site in sites]   # near the same place on each grid
+    graph = position_circuit(loaded, pixels, sites, metric, place=place, faithful=0.6)
+    f = graph.faithfulness
+    drawn = [n for n in graph.nodes if n.kind in ("concept", "error")]
+    at = {site.block: s for s, site in enumerate(sites)}
+    assert drawn and all(n.position == place[at[n.block]] for n in drawn)
+    shapes = [(site.read.shape[0], site.dictionary.n_concepts + 1) for site in sites]
+    elsewhere = []
+    for (rows, width), row in zip(shapes, place):
+        keep = np.ones((rows, width), dtype=bool)
+        keep[row] = False
+        elsewhere.append(keep)
+    assert f["empty"] == pytest.approx(edited_metric(loaded, pixels, metric, sites, elsewhere), abs=1e-5)
+    kept = [k.copy() for k in elsewhere]
+    for node in drawn:
+        kept[at[node.block]][node.position, shapes[at[node.block]][1] - 1 if node.concept is None
+                             else node.concept] = True
+    assert f["circuit"] == pytest.approx(edited_metric(loaded, pixels, metric, sites, kept), abs=1e-5)
+    if f["value"] is None:   # one cell of a random model may not move the answer against the logits' spread
+        assert any("F is undefined here" in note for note in graph.notes)
+    else:
+        assert f["curve"][-1]["faithfulness"] == pytest.approx(1, abs=1e-4)
+    assert any("The circuit of one place" in note for note in graph.notes)

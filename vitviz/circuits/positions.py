@@ -53,17 +53,22 @@ from .graph import (
     unread_id,
 )
 from .host import OnHost, to_host
-from .prefixes import Prefixes, ablated_rows, prefix_faithfulness
+from .prefixes import KEPT, Prefixes, ablated_rows, prefix_faithfulness
 from .sites import Site
 
 
 def position_circuit(loaded, pixels: Tensor, sites: Sequence[Site], metric: Metric, *, baseline: str = "zero",
                      method: str = "atp", steps: int = IG_STEPS, frozen: bool = False, faithful: float = FAITHFUL,
                      edge_share: float = EDGE_SHARE, nodes: int | None = None,
-                     names: Sequence[dict[int, str] | None] | None = None) -> Circuit:
+                     names: Sequence[dict[int, str] | None] | None = None,
+                     place: Sequence[int | None] | None = None) -> Circuit:
     """The circuit of `metric` on the photo through `sites` with a node a concept (or an error) at one row: the
     smallest prefix of every such node ranked by |effect| whose F reaches `faithful` (or the first `nodes`), every
-    node drawn, the edges between consecutive sites' nodes per position. Arguments as `circuit.circuit`'s."""
+    node drawn, the edges between consecutive sites' nodes per position. Arguments as `circuit.circuit`'s.
+
+    `place`: the circuit of one place on the photo, per site the row there (None: the site has none): only the
+    nodes at those rows are ranked and taken out, every other node is kept as computed, in m(∅) too, so F is the
+    share of what the nodes there do that the circuit does."""
     check_settings(sites, method=method, faithful=faithful, edge_share=edge_share, nodes=nodes)
     check_metric(metric, loaded.labels)
     value, states = attribution(loaded, pixels, sites, metric, baseline=baseline, frozen=frozen)
@@ -71,16 +76,20 @@ def position_circuit(loaded, pixels: Tensor, sites: Sequence[Site], metric: Metr
         integrated_gradients(loaded, pixels, sites, states, metric, steps=steps, frozen=frozen)
     floor = NOTHING * max(1.0, abs(value))
     host, codes = cell_hosts(states)
+    others = None if place is None else [(np.arange(h.effects.size) // (site.dictionary.n_concepts + 1)) != row
+                                         for h, site, row in zip(host, sites, place)]
     prefixes = prefix_faithfulness(loaded, pixels, sites, host, metric, value=value, baseline=baseline, floor=floor,
-                                   faithful=faithful, nodes=nodes, cells=True)
+                                   faithful=faithful, nodes=nodes, cells=True, kept=others)
     prefixes = _counted(prefixes, [site.dictionary.n_concepts for site in sites])
     size, why = prefixes.chosen(faithful, nodes)
-    members = [[int(c) for c in np.argsort(where.concepts, kind="stable") if where.concepts[c] < size]
+    members = [[int(c) for c in np.argsort(where.concepts, kind="stable") if 0 <= where.concepts[c] < size]
                for where in prefixes.positions]
     errors = [np.arange(h.effects.size) % (site.dictionary.n_concepts + 1) == site.dictionary.n_concepts
               for h, site in zip(host, sites)]
-    circuit_in = [where.concepts < size for where in prefixes.positions]
-    keep = [np.stack([~inside, error, error | inside]) for inside, error in zip(circuit_in, errors)]
+    circuit_in = [(0 <= where.concepts) & (where.concepts < size) for where in prefixes.positions]
+    outside = [where.concepts == KEPT for where in prefixes.positions]   # elsewhere than `place`: always kept
+    keep = [np.stack([~inside, error | away, error | inside | away])
+            for inside, error, away in zip(circuit_in, errors, outside)]
     pairs = [_pair_edges(loaded, pixels, sites, states, i, members[i + 1], frozen=frozen)
              for i in range(len(sites) - 1)]
     m, *pairs = to_host([metric(ablated_rows(loaded, pixels, sites, keep, None, baseline=baseline)), *pairs])
@@ -96,7 +105,8 @@ def position_circuit(loaded, pixels: Tensor, sites: Sequence[Site], metric: Metr
                                     method=method, steps=steps, frozen=frozen, edge_share=edge_share),
                      faithful=faithful, nodes=graph, edges=edges,
                      notes=[*notes_of(sites, states, whole, floor=floor, frozen=frozen, method=method,
-                                      baseline=baseline), *([why] if why else []), POSITIONS_NOTE])
+                                      baseline=baseline), *([why] if why else []), POSITIONS_NOTE,
+                            *([] if place is None else [PLACE_NOTE])])
     result.faithfulness = prefixes.report(size, faithful=faithful, without_circuit=float(m[0]),
                                           errors_kept=(float(m[1]), float(m[2])))
     return result
@@ -106,6 +116,12 @@ POSITIONS_NOTE = ("Nodes per position: each is a concept (or a dictionary's erro
                   "effect that cell's share of the concept's; taking a node out sets that cell's code alone to its "
                   "baseline. An edge is how much a node at one cell moves a node of the next dictionary at another "
                   "cell, as that one acts on the answer.")
+
+
+PLACE_NOTE = ("The circuit of one place: only the nodes at the clicked cell (at each block, the cell of its grid "
+              "under it) are ranked and taken out; every node elsewhere stays as the photo made it, in m(∅) too. F is "
+              "(m(C) - m(∅)) / (m(M) - m(∅)) with m(∅) every node at that cell at its baseline: the share of what "
+              "happens there that the circuit carries.")
 
 
 def cell_hosts(states: Sequence[SiteState]) -> tuple[list[OnHost], list[np.ndarray]]:
@@ -135,7 +151,7 @@ def _counted(prefixes: Prefixes, concepts: Sequence[int]) -> Prefixes:
     """`prefixes` with `concept_counts` telling the nodes per position that are concepts from the errors."""
     is_concept = np.zeros(prefixes.ranked, dtype=np.int64)
     for where, n in zip(prefixes.positions, concepts):
-        ranked = np.flatnonzero(np.isfinite(where.concepts))
+        ranked = np.flatnonzero(np.isfinite(where.concepts) & (where.concepts >= 0))
         is_concept[where.concepts[ranked].astype(np.int64)] = ranked % (n + 1) != n
     return replace(prefixes, concept_counts=np.concatenate([[0], np.cumsum(is_concept)]))
 

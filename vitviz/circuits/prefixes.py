@@ -50,6 +50,7 @@ class Position:
 
 
 UNRANKED = np.inf
+KEPT = -1.0   # the place of a node every prefix keeps (`prefix_faithfulness`'s `kept`): below every size
 
 
 @dataclass(frozen=True)
@@ -198,14 +199,19 @@ def placed(ranked: Sequence[tuple[float, int, int]], concepts: Sequence[int]) ->
 
 def prefix_faithfulness(loaded, pixels: Tensor, sites: Sequence[Site], host: Sequence[OnHost], metric: Metric, *,
                         value: float, baseline: str, floor: float, faithful: float | None = None,
-                        fractions: Sequence[float] = (), nodes: int | None = None, cells: bool = False) -> Prefixes:
+                        fractions: Sequence[float] = (), nodes: int | None = None, cells: bool = False,
+                        kept: Sequence[np.ndarray] | None = None) -> Prefixes:
     """m for prefixes of the `ranking` of every node by |effect|, and the photo's logits' spread: first a geometric
     grid of `GRID` sizes (with 0, every node and the sizes at `fractions` of the ranking), then every size below the
     grid's first whose F reaches `faithful` (without it, or where none does, every size; with `nodes`, every size up
     to it), so the smallest size reaching it is exact and costs about as many rows as the circuit has nodes, not as
     the ranking. Two reads. With `cells`, each site's `host` is per position (`positions.py`: its rows' concepts and
-    errors in one vector, `split_cells`)."""
-    positions, ranked = ranking(host, floor)
+    errors in one vector, `split_cells`). `kept`: per site the nodes no prefix takes out (neither ranked nor at their
+    baseline in m(∅): place `KEPT`)."""
+    positions, ranked = ranking([h if k is None else replace(h, effects=np.where(k, 0.0, h.effects))
+                                 for h, k in zip(host, kept or [None] * len(host))], floor)
+    if kept is not None:
+        positions = [replace(where, concepts=np.where(k, KEPT, where.concepts)) for where, k in zip(positions, kept)]
     n = len(ranked)
 
     def measure(sizes: np.ndarray, with_photo: bool = False) -> list[np.ndarray]:
