@@ -76,16 +76,16 @@ def position_circuit(loaded, pixels: Tensor, sites: Sequence[Site], metric: Metr
         integrated_gradients(loaded, pixels, sites, states, metric, steps=steps, frozen=frozen)
     floor = NOTHING * max(1.0, abs(value))
     host, codes = cell_hosts(states)
-    others = None if place is None else [(np.arange(h.effects.size) // (site.dictionary.n_concepts + 1)) != row
-                                         for h, site, row in zip(host, sites, place)]
+    concepts = [site.dictionary.n_concepts for site in sites]   # a site's row t, node c: t (n + 1) + c, n the error
+    others = None if place is None else [np.arange(h.effects.size) // (n + 1) != row   # every row, where None
+                                         for h, n, row in zip(host, concepts, place)]
     prefixes = prefix_faithfulness(loaded, pixels, sites, host, metric, value=value, baseline=baseline, floor=floor,
                                    faithful=faithful, nodes=nodes, cells=True, kept=others)
-    prefixes = _counted(prefixes, [site.dictionary.n_concepts for site in sites])
+    prefixes = _counted(prefixes, concepts)
     size, why = prefixes.chosen(faithful, nodes)
     members = [[int(c) for c in np.argsort(where.concepts, kind="stable") if 0 <= where.concepts[c] < size]
                for where in prefixes.positions]
-    errors = [np.arange(h.effects.size) % (site.dictionary.n_concepts + 1) == site.dictionary.n_concepts
-              for h, site in zip(host, sites)]
+    errors = [np.arange(h.effects.size) % (n + 1) == n for h, n in zip(host, concepts)]
     circuit_in = [(0 <= where.concepts) & (where.concepts < size) for where in prefixes.positions]
     outside = [where.concepts == KEPT for where in prefixes.positions]   # elsewhere than `place`: always kept
     keep = [np.stack([~inside, error | away, error | inside | away])
@@ -93,9 +93,8 @@ def position_circuit(loaded, pixels: Tensor, sites: Sequence[Site], metric: Metr
     pairs = [_pair_edges(loaded, pixels, sites, states, i, members[i + 1], frozen=frozen)
              for i in range(len(sites) - 1)]
     m, *pairs = to_host([metric(ablated_rows(loaded, pixels, sites, keep, None, baseline=baseline)), *pairs])
-    whole = [concept_host(h, codes[s], site.dictionary.n_concepts) for s, (h, site) in enumerate(zip(host, sites))]
+    whole = [concept_host(h, c, n) for h, c, n in zip(host, codes, concepts)]
     places = [Place(site.block, site.grid, site.class_token) for site in sites]
-    concepts = [site.dictionary.n_concepts for site in sites]
     edges, passed = _edges(places, host, members, pairs, concepts, edge_share=edge_share)
     graph = [*_nodes(places, host, codes, members, concepts, names),
              *(Node(id=unread_id(places[i + 1].block), kind=UNREAD, name="not read by its dictionary", effect=total,
