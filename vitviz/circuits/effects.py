@@ -278,10 +278,10 @@ def edges_between(loaded, pixels: Tensor, upstream: tuple[Site, SiteState], down
     the path from the upstream site on) to the downstream site, where every downstream node's score is read and the
     pass stops, and one backward batched over the targets (`TARGETS` at a time): no copy a target.
 
-    With `cells`, the nodes are per position (`positions.py`): a target is a downstream row's concept or error, t (n
-    + 1) + c (c = n: the error), and the sources every upstream row's concepts and error: (rows x rows' x n concept
-    edges, rows x rows' error edges). The same pass: each upstream row gets its own scale, each downstream row's
-    scores are read apart, so the edges per position sum to the edges above."""
+    With `cells`, the nodes are per position (`positions.py`): a target is a downstream row t's concept c or its
+    error (c = n), index t (n + 1) + c, and the sources are every upstream row's concepts and error: (targets x
+    upstream rows x n concept edges, targets x upstream rows error edges). The same pass: each upstream row gets
+    its own scale, each downstream row's scores are read apart, so the edges per position sum to the edges above."""
     (up, up_state), (down, down_state) = upstream, downstream
     along = up_state.path
     n = down_state.codes.shape[-1]
