@@ -77,6 +77,30 @@ def test_every_size_keeps_the_whole_ranking_in_the_file_beside_the_graph(tmp_pat
     assert [e.shape[0] for e in adjacency.edges] == [len(adjacency.held_concepts(1)) + 2]
 
 
+def test_positions_write_the_graph_per_position_and_the_viewers_file_puts_each_cell_in_ctx_idx(tmp_path, capsys):
+    out = tmp_path / "circuits"
+    sources = ["vit-cifar10-middle", "vit-cifar10-last"]
+    assert run(str(PHOTO), "--models", "vit-cifar10", "--dictionaries", *sources, "--positions", "--format",
+               "neuronpedia", "--out", str(out)) == 0
+    printed = capsys.readouterr().out
+    assert sorted(p.name for p in out.iterdir()) == ["circuit-vit-cifar10.json", "circuit-vit-cifar10.neuronpedia.json"]
+    graph = json.loads((out / "circuit-vit-cifar10.json").read_text())
+    loaded, image = vitviz.load("vit-cifar10"), Image.open(PHOTO).convert("RGB")
+    assert graph == json.loads(json.dumps(photo_circuit(loaded, image, dictionaries=sources, positions=True).to_json()))
+    cells = [n for n in graph["nodes"] if n["kind"] in ("concept", "error")]
+    assert len(cells) == graph["faithfulness"]["nodes"] and all(" @ " in n["name"] for n in cells)
+    strongest = max((n for n in cells if n["kind"] == "concept"), key=lambda n: abs(n["effect"]))
+    assert strongest["name"] in printed and "kept to prune again" not in printed
+    viewer = json.loads((out / "circuit-vit-cifar10.neuronpedia.json").read_text())
+    tokens = viewer["metadata"]["prompt_tokens"]
+    assert tokens[:2] == ["<cls>", "(0, 0)"] and len(tokens) == 1 + 8 * 8   # the ViT's class token and 8 x 8 grid
+    by_id = {n["node_id"]: n for n in viewer["nodes"]}
+    for node in cells:
+        entry = by_id[f"{node['block']}_{node.get('concept', -1)}_{node['position']}"]
+        assert entry["ctx_idx"] == node["position"] and tokens[entry["ctx_idx"]] in node["name"] + "<cls>"
+    assert len(by_id) == len(viewer["nodes"])   # one viewer node a cell
+
+
 def test_by_default_a_dictionary_across_exactly_the_models_asked_for_takes_the_place_of_each_ones_own():
     models = [vitviz.load(name) for name in catalog.CIRCUIT_DICTIONARIES]   # the four bundled models
     assert "across-cifar10" in default_sources([m.name for m in models])
@@ -98,8 +122,10 @@ def test_by_default_a_dictionary_across_exactly_the_models_asked_for_takes_the_p
     (["--dictionaries", *DICTIONARIES, "--class", "zebra"], "--class 'zebra' is not a class of vit-cifar10"),
     (["--dictionaries", *DICTIONARIES, "--contrast", "cat", "--class", "cat"], "--contrast 'cat' is the class itself"),
     (["--dictionaries", *DICTIONARIES, "--faithfulness", "1.5"], "--faithfulness is from 0"),
+    (["--dictionaries", *DICTIONARIES, "--positions", "--every-size"], "--positions draws the photo's circuit per "
+                                                                        "position at its own size"),
 ], ids=["a dictionary of another model", "a class outside the labels", "the contrast is the class",
-       "a faithfulness above 1"])
+       "a faithfulness above 1", "every size of a circuit per position"])
 def test_a_bad_input_is_refused_in_words_and_nothing_is_written(tmp_path, capsys, args, words):
     out = tmp_path / "out"
     assert run(str(PHOTO), *args, "--out", str(out)) == 2

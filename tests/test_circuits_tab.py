@@ -20,7 +20,7 @@ from vitviz.concepts.analysis.splice import concept_effects
 from vitviz.render import circuits as drawing
 from vitviz.render.concepts import CARD_WIDTH
 from vitviz.session import ModelRun
-from vitviz.ui import circuits, gpu, page, shared
+from vitviz.ui import circuit_cells, circuits, gpu, page, shared
 from vitviz.ui.concept_words import change, percent
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -115,9 +115,47 @@ def test_a_nodes_card_says_its_effect_frequency_edges_and_what_removing_it_does(
         in card.words
     box = drawing.graph_layout(c.to_json()).boxes[node.id]
     assert tuple(card.graph_a[box[1] - 2, (box[0] + box[2]) // 2]) == drawing.PICKED   # framed where it is drawn
+    values = np.asarray(node.effect_map).reshape(node.grid)   # where it acts, cell by cell, as numbers
+    r, col = np.unravel_index(np.abs(values).argmax(), node.grid)
+    assert f"**Its effect cell by cell** (row, column from the top left): strongest at ({r}, {col}) " \
+           f"{values[r, col]:+.3f}" in card.words
+    assert " ".join(f"{v:+.3f}" for v in values[0]) in card.words
     error = circuits.node_card(key, shown.asked, "1:b8/error")
     assert "**The error at block 9** of cvt-cifar10" in error.words and "Remove this concept" not in error.words
+    assert "**Its effect cell by cell**" in error.words
     assert not calls   # cards are drawn from the kept circuits
+
+
+def test_a_click_on_the_photo_draws_each_models_circuit_of_that_place_as_the_library_does(shown_pair, monkeypatch):
+    """The place is, at each block, the cell of its grid under the click; the circuit is the library's
+    (`position_circuit` with that place: the drawn circuits' class and dictionaries), one GPU call a place."""
+    key, shown = shown_pair
+    made, read = [], gpu.read_cell_circuits
+    monkeypatch.setattr(gpu, "read_cell_circuits", lambda *a, **k: made.append(a) or read(*a, **k))
+    kept = shared.session(key)
+    w, h = kept.runs[0].image.info.get("full_size", kept.runs[0].image.size)
+    point = (0.55 * w, 0.4 * h)   # (x, y) in the shown photo's pixels
+    answer = circuit_cells.cell_circuits(key, point, shown.asked)
+    assert circuit_cells.cell_circuits(key, point, shown.asked).words == answer.words
+    assert len(made) == 1   # the second click on the place reads what the first kept
+    found = circuits.readings(key, shown.asked)
+    for run, reading, picture in zip(kept.runs, found, answer[1:]):
+        graph = reading.circuit.to_json()
+        rows = circuit_cells.rows_at(run, graph, point)
+        assert all(row is not None for row in rows) and isinstance(picture, np.ndarray)
+        for site, row in zip(graph["sites"], rows):   # the cell under (0.4, 0.55) of the photo
+            (y0, x0, y1, x1), (gh, gw) = circuits.sites_on_photo(run, graph)[site["block"]][1], site["grid"]
+            cell = int((0.4 - y0) / (y1 - y0) * gh) * gw + int((0.55 - x0) / (x1 - x0) * gw)
+            assert row == site["class_token"] + cell
+        expected = photo_circuit(vitviz.load(run.name), kept.picture, dictionaries=SOURCES[run.name],
+                                 target=graph["target"],
+                                 positions=True, place=list(rows))
+        assert f"F = {expected.faithfulness['value']:.2f}" in answer.words if expected.faithfulness["value"] \
+            is not None else "F is undefined here" in answer.words
+        assert f"the circuit holds {expected.faithfulness['concept_nodes']} of the" in answer.words
+    assert "The circuit of one place" in answer.words
+    assert circuit_cells.cell_circuits(key, point, None).words == circuit_cells.WAITING
+    assert circuit_cells.cell_circuits(key, point, shown.asked, False) == circuit_cells.Drawn(*(gr.skip(),) * 3)
 
 
 def test_the_size_slider_prunes_both_circuits_again_on_the_host_to_what_the_library_draws_at_that_size(shown_pair,

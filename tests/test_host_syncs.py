@@ -281,6 +281,30 @@ def test_a_circuit_waits_a_fixed_number_of_times_whatever_its_nodes_and_sites(fa
     assert all(counts[k, True] == counts[k, False] for k in (2, 3)), counts
 
 
+@pytest.mark.parametrize("place", [False, True])
+def test_a_circuit_per_position_waits_a_fixed_number_of_times_whatever_its_nodes_and_sites(place):
+    """Nodes per position (`circuits.positions`), two sites reaching F 0.1 against three reaching F 1 (more nodes,
+    edges and passes; with `place`, the nodes at one cell): m on the photo, every site's effects per cell at once,
+    the prefixes on the grid and below it, then at once every edge and the completeness forward; none per node,
+    edge, cell, size or site."""
+    from tiny_models import tiny as tiny_of_family, tiny_sites
+    from vitviz.circuits import Metric
+    from vitviz.circuits.positions import position_circuit
+
+    model = tiny_of_family("swin")
+    counts, sizes = {}, {}
+    for blocks, faithful in (([1, -1], 0.1), ([0, 1, -1], 1.0)):
+        loaded, pixels, sites = tiny_sites(model, blocks=blocks)
+        at = [site.grid[1] + 1 for site in sites] if place else None
+        with counting() as calls:
+            graph = position_circuit(loaded, pixels, sites, Metric(2), faithful=faithful, place=at)
+        counts[len(blocks)] = sum(calls.values())
+        sizes[len(blocks)] = graph.size
+    assert sizes[3]["nodes"] > sizes[2]["nodes"], sizes
+    # the prefixes: the grid, then every size below its first reaching the target where there is one (a read each)
+    assert all(6 <= count <= 9 for count in counts.values()), (counts, sizes)
+
+
 def test_a_class_circuit_waits_the_same_whatever_its_number_of_images():
     """Over 2 images or 5: three reads of the device in all (the summed effects, every image's m at every size, the
     summed edges), none per image."""

@@ -9,7 +9,8 @@
 Per-block dictionaries spliced into the model at their blocks (`sites.py`: every family, the trace and the
 dictionaries only), node and edge effects on the target's logit (`effects.py`: attribution patching, integrated
 gradients, vector-Jacobian products between consecutive sites), pruning and the graph as data (`graph.py`), the
-faithfulness of the result (`circuit.py`, `prefixes.py`), and the circuit kept whole to be pruned again at any size
+faithfulness of the result (`circuit.py`, `prefixes.py`), the circuit with a node a concept at one cell of the
+photo (`positions.py`: `photo_circuit(..., positions=True)`), and the circuit kept whole to be pruned again at any size
 on the host, as one safetensors file (`adjacency.py`: `graph.adjacency`, `resized(graph.adjacency, nodes=40)`).
 `../shared/CIRCUITS.md` and each module's docstring give the formulas.
 """
@@ -28,13 +29,14 @@ from .adjacency import Adjacency, load_adjacency, resized, save_adjacency
 from .circuit import circuit, faithfulness_over, patching_check, rank_correlation
 from .effects import BASELINES, IG_STEPS, METHODS, METRICS, Metric
 from .graph import EDGE_SHARE, FAITHFUL, MOST, Circuit, Edge, Node
+from .positions import position_circuit
 from .prefixes import prefix_faithfulness
 from .sites import Site, image_sites, sites_of
 
 __all__ = ["Adjacency", "BASELINES", "Circuit", "EDGE_SHARE", "Edge", "FAITHFUL", "IG_STEPS", "METHODS", "METRICS",
            "MOST", "Metric", "Node", "Site", "circuit", "data_class_circuit", "data_faithfulness", "faithfulness_over",
            "load_adjacency", "load_dictionaries", "metric_of", "patching_check", "photo_circuit",
-           "prefix_faithfulness", "rank_correlation", "resized", "save_adjacency", "sites_of"]
+           "position_circuit", "prefix_faithfulness", "rank_correlation", "resized", "save_adjacency", "sites_of"]
 
 
 def load_dictionaries(sources: Sequence[str | Path]) -> list[tuple[str, object, Path | None]]:
@@ -71,11 +73,11 @@ def metric_of(kind: str, target: int, contrast: int | None = None) -> Metric:
 
 def photo_circuit(loaded, image: Image.Image, *, dictionaries: Sequence[str | Path], target: int | None = None,
                   contrast: int | None = None, metric: str | None = None, names: bool = True,
-                  **settings) -> Circuit:
+                  positions: bool = False, **settings) -> Circuit:
     """The circuit of one photo through a loaded model with `dictionaries` (sources, in depth order): the target
     class by default the model's top one; the metric (`METRICS`) by default the logit minus the mean logit, or the
-    contrast where one is given; `settings`: `circuit`'s keywords. Concept names from each dictionary's exemplar
-    index where it has one."""
+    contrast where one is given; `settings`: `circuit`'s keywords (with `positions`, `position_circuit`'s: a node a
+    concept at one cell). Concept names from each dictionary's exemplar index where it has one."""
     pixels = loaded.preprocess(image).to(loaded.device)
     with torch.inference_mode():
         trace = loaded.model.trace(pixels, attention=False)
@@ -86,8 +88,9 @@ def photo_circuit(loaded, image: Image.Image, *, dictionaries: Sequence[str | Pa
     sites = sites_of(loaded, trace, [(source, dictionary) for source, dictionary, _ in found],
                      image_size=(image.height, image.width), folders=[folder for _, _, folder in found])
     kind = metric or (METRICS[2] if contrast is not None else METRICS[1])
-    return circuit(loaded, pixels, sites, metric_of(kind, target, contrast),
-                   names=[concept_names(site) for site in sites] if names else None, **settings)
+    return (position_circuit if positions else circuit)(
+        loaded, pixels, sites, metric_of(kind, target, contrast),
+        names=[concept_names(site) for site in sites] if names else None, **settings)
 
 
 def data_faithfulness(loaded, data, *, dictionaries: Sequence[str | Path], indices: Sequence[int], **settings) -> dict:

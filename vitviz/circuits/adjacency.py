@@ -20,6 +20,7 @@ beside the graph's JSON (`vitviz circuits PHOTO --out DIR`); every float in floa
     site<s>.error_map rows f64         the error's effect at each row
     site<s>.maps      rows x c f64     the codes at each row of the site's concepts among the first `held` ranked
                                        nodes (c of them, in concept order): where each fires
+    site<s>.effect_maps  rows x c f64  their effects on m at each row (they sum to `effects`): where each acts
     pair<i>.sources   S int64          the concepts of site i with an edge into site i + 1 (every other one's is 0)
     pair<i>.edges     (c + 2) x (S + 1) f64   rows: site i + 1's concepts above (in concept order), its error, what
                                        it does not read; columns: the sources, then site i's error
@@ -51,7 +52,7 @@ from .host import OnHost
 from .prefixes import Position, Prefixes, measured, placed
 from .sites import Site
 
-FORMAT, VERSION = "vitviz-circuit-adjacency", 1
+FORMAT, VERSION = "vitviz-circuit-adjacency", 2   # 2: the effect maps
 HEADER_KEY = "vitviz_circuit_adjacency"
 FIXED = ("model", "metric", "metric_kind", "target", "target_label", "contrast", "contrast_label", "value", "baseline",
          "method", "attention", "edge_share", "sites", "patching", "candidates")   # a Circuit's fields no size changes
@@ -66,6 +67,7 @@ class Adjacency:
     ranked: np.ndarray           # N x 2: (site, concept or -1), strongest first
     held: int                    # the first `held` ranked nodes have their maps and their edges in
     maps: list[np.ndarray]       # per site: rows x its concepts among them, in concept order
+    effect_maps: list[np.ndarray]   # per site: their effects at each row, the same columns
     sources: list[np.ndarray]    # per pair: the upstream concepts with an edge
     edges: list[np.ndarray]      # per pair: (downstream concepts held, error, unread) x (sources, error)
     counts: np.ndarray           # prefix sizes measured
@@ -85,17 +87,27 @@ class Adjacency:
         """Site s's concepts among the first `held` ranked nodes, in concept order: the columns of its maps."""
         return held_of(self.prefixes.positions[s], self.held)
 
+    def columns(self) -> list[dict[int, int]]:
+        """Per site: concept -> its column in the maps."""
+        return [{int(c): i for i, c in enumerate(self.held_concepts(s))} for s in range(len(self.places))]
+
+    def site_tables(self, maps: Sequence[np.ndarray], drawn: Sequence[list[int]], grouped: Sequence[list[int]]
+                    ) -> list[np.ndarray]:
+        """Per site the drawn concepts' columns of `maps` (`maps` or `effect_maps`), then the group's summed."""
+        columns, tables = self.columns(), []
+        for s, values in enumerate(maps):
+            group = [values[:, [columns[s][c] for c in grouped[s]]].sum(1)] if grouped[s] else []
+            cells = [*(values[:, columns[s][c]] for c in drawn[s]), *group]
+            tables.append(np.stack(cells, 1) if cells else np.zeros((len(values), 0)))
+        return tables
+
     def tables(self, drawn: Sequence[list[int]], grouped: Sequence[list[int]]) -> list[np.ndarray]:
         """The drawn nodes' tables as `graph.graph_edges` and `graph_nodes` read them: per site the drawn concepts'
         codes at its rows (then the group's, summed), then per pair one row a downstream target (the drawn concepts,
         the group, the error, what the site does not read) and one column a drawn upstream source (the concepts, the
         group, the error), then each row's total over every upstream node and its absolute inflow."""
-        columns = [{int(c): i for i, c in enumerate(self.held_concepts(s))} for s in range(len(self.places))]
-        tables = []
-        for s, maps in enumerate(self.maps):   # the drawn concepts' codes, then the group's summed
-            group = [maps[:, [columns[s][c] for c in grouped[s]]].sum(1)] if grouped[s] else []
-            cells = [*(maps[:, columns[s][c]] for c in drawn[s]), *group]
-            tables.append(np.stack(cells, 1) if cells else np.zeros((len(maps), 0)))
+        columns = self.columns()
+        tables = self.site_tables(self.maps, drawn, grouped)
         for i, (sources, edges) in enumerate(zip(self.sources, self.edges)):
             held = len(columns[i + 1])   # rows: the drawn downstream concepts, the group, the error, the unread
             group = [edges[[columns[i + 1][c] for c in grouped[i + 1]]].sum(0)] if grouped[i + 1] else []
@@ -116,11 +128,12 @@ def held_of(position: Position, held: int) -> np.ndarray:
 
 def device_parts(loaded, pixels: Tensor, sites: Sequence[Site], states: Sequence[SiteState],
                  positions: Sequence[Position], held: int, *, frozen: bool) -> list[Tensor]:
-    """On the device, queued and none read: per site its codes at its rows (rows x n), then per pair the edges into
+    """On the device, queued and none read: per site its codes at its rows (rows x n), then per site its concepts'
+    effects at its rows (rows x n), then per pair the edges into
     each of the downstream site's concepts among the first `held` ranked nodes (in concept order), its error and what
     it does not read, from every upstream concept and the error ((c + 2) x (n + 1)): one forward and one backward
     batched over the targets a pair (`effects.edges_between`)."""
-    parts = [state.codes[0] for state in states]
+    parts = [*(state.codes[0] for state in states), *(state.concept_effects for state in states)]
     for i in range(len(sites) - 1):
         targets = [*held_of(positions[i + 1], held).tolist(), None]
         concept_edges, error_edges = edges_between(loaded, pixels, (sites[i], states[i]), (sites[i + 1], states[i + 1]),
@@ -131,9 +144,9 @@ def device_parts(loaded, pixels: Tensor, sites: Sequence[Site], states: Sequence
 
 def kept(header: dict, places: list[Place], host: list[OnHost], prefixes: Prefixes, held: int,
          parts: Sequence[np.ndarray]) -> Adjacency:
-    """The adjacency from `device_parts` read to the host: each site's maps of its held concepts, each pair's edges
-    from the upstream concepts that have any (every other one's are 0: its codes are at its baseline)."""
-    codes, pairs = parts[:len(places)], parts[len(places):]
+    """The adjacency from `device_parts` read to the host: each site's maps and effect maps of its held concepts, each
+    pair's edges from the upstream concepts that have any (every other one's are 0: its codes are at its baseline)."""
+    codes, effects, pairs = parts[:len(places)], parts[len(places):2 * len(places)], parts[2 * len(places):]
     ranked = np.zeros((prefixes.ranked, 2), dtype=np.int64)
     for s, where in enumerate(prefixes.positions):
         concepts = np.flatnonzero(np.isfinite(where.concepts))
@@ -143,6 +156,7 @@ def kept(header: dict, places: list[Place], host: list[OnHost], prefixes: Prefix
     sources = [np.flatnonzero(np.abs(edges[:, :-1]).sum(0) > 0) for edges in pairs]
     return Adjacency(header=header, places=places, host=host, ranked=ranked, held=held,
                      maps=[c[:, held_of(where, held)] for c, where in zip(codes, prefixes.positions)],
+                     effect_maps=[e[:, held_of(where, held)] for e, where in zip(effects, prefixes.positions)],
                      sources=sources, edges=[edges[:, [*chosen, -1]] for edges, chosen in zip(pairs, sources)],
                      counts=prefixes.counts, m=prefixes.m, spread=prefixes.spread, floor=prefixes.floor)
 
@@ -168,7 +182,8 @@ def resized(adjacency: Adjacency, *, nodes: int | None = None, faithful: float |
                                 edge_share=header["edge_share"])
     graph = graph_nodes(adjacency.places, adjacency.host, tables[:len(positions)], drawn, grouped,
                         [bool(where.error < size) for where in positions], unread, metric_name=header["metric"],
-                        value=header["value"], names=header["names"])
+                        value=header["value"], names=header["names"],
+                        effect_maps=adjacency.site_tables(adjacency.effect_maps, drawn, grouped))
     at = header["measured"]
     here = at["nodes"] == size
     notes = [*header["notes"], *([why] if why else []), *([] if here else [
@@ -185,10 +200,10 @@ def resized(adjacency: Adjacency, *, nodes: int | None = None, faithful: float |
 def save_adjacency(adjacency: Adjacency, path: str | Path) -> Path:
     """`adjacency` written as one safetensors file (the module docstring), atomically; -> the file."""
     arrays = {"ranked": adjacency.ranked, "counts": adjacency.counts, "m": adjacency.m}
-    for s, (host, maps) in enumerate(zip(adjacency.host, adjacency.maps)):
+    for s, (host, maps, effect_maps) in enumerate(zip(adjacency.host, adjacency.maps, adjacency.effect_maps)):
         arrays |= {f"site{s}.effects": host.effects, f"site{s}.activations": host.activations,
                    f"site{s}.error": np.array([host.error_effect, host.error_activation]),
-                   f"site{s}.error_map": host.error_map, f"site{s}.maps": maps}
+                   f"site{s}.error_map": host.error_map, f"site{s}.maps": maps, f"site{s}.effect_maps": effect_maps}
     for i, (sources, edges) in enumerate(zip(adjacency.sources, adjacency.edges)):
         arrays |= {f"pair{i}.sources": sources, f"pair{i}.edges": edges}
     tensors = {name: torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64 if a.dtype.kind in "iu" else np.float64))
@@ -209,6 +224,9 @@ def load_adjacency(path: str | Path) -> Adjacency:
     path = Path(path)
     tensors, meta = read_checked(path, key=HEADER_KEY, format=FORMAT, version=VERSION, what="circuit adjacency",
                                  again="write it again (`vitviz circuits PHOTO --out DIR`)")
+    if meta["version"] < VERSION:
+        raise ConceptsError(f"{path} was written by an older vitviz (format version {meta['version']}, without each "
+                            f"concept's effect per cell): write it again (`vitviz circuits PHOTO --out DIR`).")
     try:
         return _checked(tensors, meta)
     except (KeyError, TypeError, ValueError, IndexError) as e:
@@ -234,13 +252,15 @@ def _checked(tensors: dict[str, Tensor], meta: dict) -> Adjacency:
             raise ValueError(f"its {name} is not a finite {dims}-d array of {'floats' if kind == 'f' else 'integers'}")
         return value
 
-    host, maps = [], []
+    host, maps, effect_maps = [], [], []
     for s, site in enumerate(header["sites"]):
         effects, activations = array(f"site{s}.effects", 1, "f"), array(f"site{s}.activations", 1, "f")
         error, error_map = array(f"site{s}.error", 1, "f"), array(f"site{s}.error_map", 1, "f")
         maps.append(array(f"site{s}.maps", 2, "f"))
+        effect_maps.append(array(f"site{s}.effect_maps", 2, "f"))
         if len(effects) != site["concepts"] or len(activations) != len(effects) or len(error) != 2 or \
-                len(error_map) != site["rows"] or len(maps[-1]) != site["rows"]:
+                len(error_map) != site["rows"] or len(maps[-1]) != site["rows"] or \
+                effect_maps[-1].shape != maps[-1].shape:
             raise ValueError(f"site {s}'s arrays do not fit its {site['concepts']} concepts and {site['rows']} rows")
         host.append(OnHost(effects=effects, estimates=effects, activations=activations, error_effect=float(error[0]),
                            error_map=error_map, error_activation=float(error[1])))
@@ -256,6 +276,7 @@ def _checked(tensors: dict[str, Tensor], meta: dict) -> Adjacency:
     if len(m) != len(counts) or not len(counts) or counts[0] != 0 or counts[-1] != n or np.any(np.diff(counts) <= 0):
         raise ValueError(f"its prefix sizes do not rise from 0 to its {n} ranked nodes with one m each")
     adjacency = Adjacency(header=header, places=places, host=host, ranked=ranked, held=int(meta["held"]), maps=maps,
+                          effect_maps=effect_maps,
                           sources=[array(f"pair{i}.sources", 1, "i") for i in range(sites - 1)],
                           edges=[array(f"pair{i}.edges", 2, "f") for i in range(sites - 1)], counts=counts, m=m,
                           spread=float(meta["spread"]), floor=float(meta["floor"]))

@@ -56,17 +56,8 @@ def circuit(loaded, pixels: Tensor, sites: Sequence[Site], metric: Metric, *, ba
     the first `nodes` of them), drawn with at most `most` concepts a site one by one. `names`: per site, concept ->
     name for the nodes. It keeps what it was pruned from (`Circuit.adjacency`: every size up to `prefixes.RESIZE`
     times its own measured, with `every` every size), to be pruned again on the host (`adjacency.resized`)."""
-    if method not in METHODS:
-        raise ConceptsError(f"The method must be one of {', '.join(METHODS)}, not {method!r}.")
-    if not sites:
-        raise ConceptsError("A circuit needs at least one dictionary.")
-    if not 0 < faithful <= 1 or not 0 <= edge_share <= 1:
-        raise ConceptsError(f"The faithfulness a circuit must reach is above 0 and at most 1, and the edge share "
-                            f"from 0 to 1, not {faithful} and {edge_share}.")
-    if nodes is not None and nodes < 0:
-        raise ConceptsError(f"A circuit holds at least 0 nodes, not {nodes}.")
-    labels = loaded.labels
-    check_metric(metric, labels)
+    check_settings(sites, method=method, faithful=faithful, edge_share=edge_share, nodes=nodes)
+    check_metric(metric, loaded.labels)
     value, states = attribution(loaded, pixels, sites, metric, baseline=baseline, frozen=frozen)
     estimates = [state.effects.clone() for state in states]   # attribution patching's, before any refinement
     if method == "ig":
@@ -91,6 +82,52 @@ def circuit(loaded, pixels: Tensor, sites: Sequence[Site], metric: Metric, *, ba
     errors = np.concatenate([error_rows, np.ones((len(strongest), len(sites)), dtype=bool)])
     at_more, *parts, m = to_host([*parts, metric(ablated_rows(loaded, pixels, sites, keep, errors, baseline=baseline))])
     prefixes = prefixes.with_sizes(more, at_more)
+    held_names = [None if named is None else {int(c): named[c] for c in held_of(where, held) if c in named}
+                  for named, where in zip(names or [None] * len(sites), prefixes.positions)]
+    header = {
+        **fixed_header(loaded, sites, states, host, metric, value=value, baseline=baseline, method=method,
+                       steps=steps, frozen=frozen, edge_share=edge_share),
+        "patching": _patching_report(m[3:], strongest, sites, host, value=value),
+        "notes": notes_of(sites, states, host, floor=floor, frozen=frozen, method=method, baseline=baseline),
+        "most": most, "faithful": faithful, "names": held_names,
+        "measured": {"nodes": size, "without_circuit": float(m[0]), "errors_kept": [float(m[1]), float(m[2])]}}
+    places = [Place(site.block, site.grid, site.class_token) for site in sites]
+    return resized(kept(header, places, host, prefixes, held, parts), nodes=nodes, faithful=faithful)
+
+
+def check_settings(sites: Sequence[Site], *, method: str, faithful: float, edge_share: float,
+                   nodes: int | None) -> None:
+    """A circuit's settings, refused in words where they mean nothing."""
+    if method not in METHODS:
+        raise ConceptsError(f"The method must be one of {', '.join(METHODS)}, not {method!r}.")
+    if not sites:
+        raise ConceptsError("A circuit needs at least one dictionary.")
+    if not 0 < faithful <= 1 or not 0 <= edge_share <= 1:
+        raise ConceptsError(f"The faithfulness a circuit must reach is above 0 and at most 1, and the edge share "
+                            f"from 0 to 1, not {faithful} and {edge_share}.")
+    if nodes is not None and nodes < 0:
+        raise ConceptsError(f"A circuit holds at least 0 nodes, not {nodes}.")
+
+
+def fixed_header(loaded, sites: Sequence[Site], states: Sequence[SiteState], host: Sequence[OnHost], metric: Metric,
+                 *, value: float, baseline: str, method: str, steps: int, frozen: bool, edge_share: float) -> dict:
+    """The circuit's fields no size changes but the patching check (`adjacency.FIXED`); `host` per concept node."""
+    labels = loaded.labels
+    return {
+        "model": loaded.name, "metric": metric.describe(labels), "metric_kind": metric.kind, "target": metric.target,
+        "target_label": labels[metric.target], "contrast": metric.contrast,
+        "contrast_label": None if metric.contrast is None else labels[metric.contrast], "value": value,
+        "baseline": baseline,
+        "method": "attribution patching" if method == "atp" else f"integrated gradients ({steps} steps)",
+        "attention": "held fixed (attention patterns and norm scales are this photo's constants)" if frozen else
+        "the model's own (gradients through the attention patterns)", "edge_share": edge_share,
+        "sites": [_site_record(site, state, on_host) for site, state, on_host in zip(sites, states, host)],
+        "candidates": sum(site.dictionary.n_concepts for site in sites)}
+
+
+def notes_of(sites: Sequence[Site], states: Sequence[SiteState], host: Sequence[OnHost], *, floor: float,
+             frozen: bool, method: str, baseline: str) -> list[str]:
+    """What a reader must know to read the circuit, in words; `host` per concept node."""
     notes = [f"Nothing at {block_words(site.block)} moves the answer: what {site.source} reads there is not read on "
              f"the way to the classifier (a ViT's or a CvT's classifier reads the last block's class token alone; a "
              f"dictionary of its grid cannot change the answer)."
@@ -108,23 +145,7 @@ def circuit(loaded, pixels: Tensor, sites: Sequence[Site], metric: Metric, *, ba
         notes += [f"The mean baseline at {block_words(site.block)} was taken over square photos and is resampled to "
                   f"this photo's {site.grid[0]} x {site.grid[1]} grid." for site, state in zip(sites, states)
                   if site.means.codes.shape[0] != state.rows.shape[1]]
-    held_names = [None if named is None else {int(c): named[c] for c in held_of(where, held) if c in named}
-                  for named, where in zip(names or [None] * len(sites), prefixes.positions)]
-    header = {
-        "model": loaded.name, "metric": metric.describe(labels), "metric_kind": metric.kind, "target": metric.target,
-        "target_label": labels[metric.target], "contrast": metric.contrast,
-        "contrast_label": None if metric.contrast is None else labels[metric.contrast], "value": value,
-        "baseline": baseline,
-        "method": "attribution patching" if method == "atp" else f"integrated gradients ({steps} steps)",
-        "attention": "held fixed (attention patterns and norm scales are this photo's constants)" if frozen else
-        "the model's own (gradients through the attention patterns)", "edge_share": edge_share,
-        "sites": [_site_record(site, state, on_host) for site, state, on_host in zip(sites, states, host)],
-        "patching": _patching_report(m[3:], strongest, sites, host, value=value),
-        "candidates": sum(site.dictionary.n_concepts for site in sites), "notes": notes, "most": most,
-        "faithful": faithful, "names": held_names,
-        "measured": {"nodes": size, "without_circuit": float(m[0]), "errors_kept": [float(m[1]), float(m[2])]}}
-    places = [Place(site.block, site.grid, site.class_token) for site in sites]
-    return resized(kept(header, places, host, prefixes, held, parts), nodes=nodes, faithful=faithful)
+    return notes
 
 
 def _site_record(site: Site, state: SiteState, host: OnHost) -> dict:

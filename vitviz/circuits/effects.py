@@ -269,14 +269,19 @@ class _Reached(Exception):
 
 
 def edges_between(loaded, pixels: Tensor, upstream: tuple[Site, SiteState], downstream: tuple[Site, SiteState],
-                  targets: Sequence[int | Sequence[int] | None], *, unread: bool = False, frozen: bool = False
-                  ) -> tuple[Tensor, Tensor]:
+                  targets: Sequence[int | Sequence[int] | None], *, unread: bool = False, frozen: bool = False,
+                  cells: bool = False) -> tuple[Tensor, Tensor]:
     """The edges into each of `targets` (a downstream concept id, several standing as one node whose score is their
     sum, or None: the error node) and, with `unread`, into what the downstream site does not read (one more row,
     the last), from every upstream node: (rows x n concept edges, rows error edges). Attribution patching's, or
     integrated gradients' where the upstream state holds its `path`. One forward of the photo (of one copy a step of
     the path from the upstream site on) to the downstream site, where every downstream node's score is read and the
-    pass stops, and one backward batched over the targets (`TARGETS` at a time): no copy a target."""
+    pass stops, and one backward batched over the targets (`TARGETS` at a time): no copy a target.
+
+    With `cells`, the nodes are per position (`positions.py`): a target is a downstream row t's concept c or its
+    error (c = n), index t (n + 1) + c, and the sources are every upstream row's concepts and error: (targets x
+    upstream rows x n concept edges, targets x upstream rows error edges). The same pass: each upstream row gets
+    its own scale, each downstream row's scores are read apart, so the edges per position sum to the edges above."""
     (up, up_state), (down, down_state) = upstream, downstream
     along = up_state.path
     n = down_state.codes.shape[-1]
@@ -293,9 +298,10 @@ def edges_between(loaded, pixels: Tensor, upstream: tuple[Site, SiteState], down
     moved_codes = up_state.codes - up_state.codes_baseline
     moved_error = up_state.error - up_state.error_baseline
     along_path = alphas[:, None, None].to(moved_codes) - 1
-    scale = torch.ones(steps, 1, moved_codes.shape[-1], device=pixels.device, dtype=moved_codes.dtype,
+    width = moved_codes.shape[1] if cells else 1   # one scale a row, or one for all of a node's rows
+    scale = torch.ones(steps, width, moved_codes.shape[-1], device=pixels.device, dtype=moved_codes.dtype,
                        requires_grad=True)
-    error_scale = torch.ones(steps, 1, 1, device=pixels.device, dtype=moved_error.dtype, requires_grad=True)
+    error_scale = torch.ones(steps, width, 1, device=pixels.device, dtype=moved_error.dtype, requires_grad=True)
 
     def edit(index: int, tokens: Tensor) -> Tensor:
         with torch.enable_grad():
@@ -309,15 +315,17 @@ def edges_between(loaded, pixels: Tensor, upstream: tuple[Site, SiteState], down
                 codes = down.dictionary.encode(rows)
                 missed = rows - down.dictionary.decode(codes, rows)
                 passed = tokens - down.put(torch.zeros_like(tokens), rows)   # X - W R X
-                raise _Reached(torch.cat([(codes * code_gradient).sum(1), (missed * row_gradient).sum((1, 2))[:, None],
-                                          (passed * token_gradient).sum((1, 2))[:, None]], 1))
+                nodes = torch.cat([codes * code_gradient, (missed * row_gradient).sum(2, keepdim=True)], 2)
+                nodes = nodes.flatten(1) if cells else nodes.sum(1)
+                raise _Reached(torch.cat([nodes, (passed * token_gradient).sum((1, 2))[:, None]], 1))
         return tokens
 
-    picks = torch.zeros(len(targets) + unread, n + 2, device=pixels.device, dtype=moved_codes.dtype)
+    width_down = down_state.codes.shape[1] * (n + 1) if cells else n + 1
+    picks = torch.zeros(len(targets) + unread, width_down + 1, device=pixels.device, dtype=moved_codes.dtype)
     for row, target in enumerate(targets):
         picks[row, n if target is None else list(target) if isinstance(target, Sequence) else target] = 1
     if unread:
-        picks[-1, n + 1] = 1
+        picks[-1, -1] = 1
     with gradients(frozen):
         try:
             traced(loaded, pixels[:1], edit, grad=True)
@@ -330,18 +338,19 @@ def edges_between(loaded, pixels: Tensor, upstream: tuple[Site, SiteState], down
             part = picks[start:start + TARGETS]
             by_code, by_error = torch.autograd.grad(scores, [scale, error_scale], part[:, None].expand(-1, steps, -1),
                                                     retain_graph=True, is_grads_batched=True)
-            concept_edges.append(by_code.mean(1)[:, 0])
-            error_edges.append(by_error.mean(1).reshape(-1))
+            concept_edges.append(by_code.mean(1) if cells else by_code.mean(1)[:, 0])
+            error_edges.append(by_error.mean(1)[..., 0] if cells else by_error.mean(1).reshape(-1))
     return torch.cat(concept_edges).detach(), torch.cat(error_edges).detach()
 
 
 def ablated(loaded, pixels: Tensor, sites: Sequence[Site], keep: Sequence[Tensor], *, baseline: str,
             keep_errors: Tensor | Sequence[Tensor] | bool = True, parents: Sequence[Tensor] | None = None) -> Tensor:
-    """m's logits with, at every site in depth order, the concepts where `keep[s]` (b_s n bool) is False set to their
-    baseline (the others computed from the patched pass), and the errors kept (True, or b x sites bool; with
-    `parents`, per site b_s bool) or at theirs: one forward of the photo to the first site, of b_s copies from each
-    site on. `parents[s]` (b_s, for every site after the first) says which copy arriving at site s each of its copies
-    continues, so copies alike up to a site run as one until there; without, every site has the same b copies.
+    """m's logits with, at every site in depth order, the concepts where `keep[s]` (b_s n bool, or b_s rows n: per
+    row) is False set to their baseline (the others computed from the patched pass), and the errors kept (True, or
+    b x sites bool; with `parents`, per site b_s bool, or b_s rows: per row) or at theirs: one forward of the photo
+    to the first site, of b_s copies from each site on. `parents[s]` (b_s, for every site after the first) says which
+    copy arriving at site s each of its copies continues, so copies alike up to a site run as one until there;
+    without, every site has the same b copies.
     -> b_last x classes logits."""
     at = {site.block: position for position, site in enumerate(sites)}
 
@@ -363,8 +372,9 @@ def ablated(loaded, pixels: Tensor, sites: Sequence[Site], keep: Sequence[Tensor
             rows, codes, error, tokens = (t[parents[s]] for t in (rows, codes, error, tokens))
         codes_baseline, error_baseline = site.baseline(baseline, codes[:1], error[:1])   # the same for every copy
         rows, codes, error, tokens = (t.expand(b, *t.shape[1:]) for t in (rows, codes, error, tokens))
-        codes = torch.where(keep[s][:, None, :], codes, codes_baseline)
-        error = torch.where(errors_at(s, b)[:, None, None], error, error_baseline)
+        kept, errors = keep[s], errors_at(s, b)
+        codes = torch.where(kept if kept.ndim == 3 else kept[:, None, :], codes, codes_baseline)
+        error = torch.where(errors[:, :, None] if errors.ndim == 2 else errors[:, None, None], error, error_baseline)
         return splice(site, tokens, codes, error, rows)
 
     with torch.inference_mode():

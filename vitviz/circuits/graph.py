@@ -11,9 +11,10 @@ edge_threshold 0.98); here a node's effect is already its influence on m, and th
 The JSON (one a graph, `Circuit.to_json`): the model, the metric (its words and kind) and its value, the baseline,
 the method, whether attention was held fixed, the sites (which dictionary each block's nodes come from), the nodes
 (id, kind: concept, group, error, input or logit; block, concept number, name, effect, activation, and where it
-fires: the site's grid and the node's value at each of its cells, the class token's apart), the edges (source,
-target, weight), the faithfulness (F, the three values it divides, the curve at the sizes measured) and the check
-against activation patching, and the graph's size.
+fires: the site's grid and the node's value at each of its cells, the class token's apart; a photo's concept node
+its effect at each cell too; a node per position its row, `positions.py`), the edges (source, target, weight), the
+faithfulness (F, the three values it divides, the curve at the sizes measured) and the check against activation
+patching, and the graph's size.
 """
 from __future__ import annotations
 
@@ -39,6 +40,27 @@ UNREAD = "unread"   # the kind of a site's node standing for what its dictionary
 def node_id(block: int, concept: int | None) -> str:
     """'b3/c394' for a concept, 'b3/error' for a site's error node."""
     return f"b{block}/error" if concept is None else f"b{block}/c{concept}"
+
+
+def cell_of(place: Place, row: int) -> tuple[int, int] | None:
+    """A site's row -> its (row, column) on the site's grid, or None for the class token."""
+    if place.class_token:
+        if row == 0:
+            return None
+        row -= 1
+    return divmod(row, place.grid[1])
+
+
+def at_cell(place: Place, row: int) -> str:
+    """Where a site's row is, in words: '(2, 3)' (grid row, column) or 'the class token'."""
+    cell = cell_of(place, row)
+    return "the class token" if cell is None else f"({cell[0]}, {cell[1]})"
+
+
+def position_id(place: Place, concept: int | None, row: int) -> str:
+    """'b3/c394@2,3' for a concept at one cell, 'b3/error@2,3' for the error there ('@cls': the class token)."""
+    cell = cell_of(place, row)
+    return f"{node_id(place.block, concept)}@{'cls' if cell is None else f'{cell[0]},{cell[1]}'}"
 
 
 def group_id(block: int) -> str:
@@ -80,6 +102,9 @@ class Node:
     class_token: float | None = None  # its value at the class token, where the site reads one
     concepts: list[int] | None = None  # a group's members
     in_circuit: bool | None = None   # an error node: whether it is one of the circuit's nodes
+    effect_map: list[float] | None = None   # a concept's (a group's) effect at each grid cell, row-major: the
+    #                                         class token's share is `effect` less their sum (an error's: `map`)
+    position: int | None = None      # a node per position (`positions.py`): its row at the site (`cell_of`)
 
 
 @dataclass(frozen=True)
@@ -184,15 +209,21 @@ def graph_edges(sites: Sequence[Place], host: Sequence[OnHost], tables: Sequence
 
 def graph_nodes(sites: Sequence[Place], host: Sequence[OnHost], maps: Sequence[np.ndarray], drawn: Sequence[list[int]],
                 grouped: Sequence[list[int]], errors_in: Sequence[bool], unread: Sequence[float | None], *,
-                metric_name: str, value: float, names: Sequence[dict[int, str] | None] | None) -> list[Node]:
+                metric_name: str, value: float, names: Sequence[dict[int, str] | None] | None,
+                effect_maps: Sequence[np.ndarray] | None = None) -> list[Node]:
     """The graph's nodes: the photo, each site's drawn concepts, its group, its error and what passes it by, the
-    metric."""
+    metric. `maps` (and `effect_maps`, where known): per site the drawn concepts' codes (effects) at its rows, then
+    the group's."""
     nodes = [Node(id=INPUT, kind="input", name="the photo")]
     for s, site in enumerate(sites):
         named = (names[s] if names else None) or {}
-        nodes += [_concept_node(site, host[s], c, maps[s][:, i], named.get(c)) for i, c in enumerate(drawn[s])]
+
+        def effect_map(i: int, s=s, site=site) -> list[float] | None:
+            return None if effect_maps is None else _grid_values(site, effect_maps[s][:, i])[0]
+        nodes += [_concept_node(site, host[s], c, maps[s][:, i], named.get(c), effect_map(i))
+                  for i, c in enumerate(drawn[s])]
         if grouped[s]:
-            nodes.append(_group_node(site, host[s], grouped[s], maps[s][:, -1]))
+            nodes.append(_group_node(site, host[s], grouped[s], maps[s][:, -1], effect_map(-1)))
         nodes.append(_error_node(site, host[s], in_circuit=errors_in[s]))
         if unread[s] is not None:   # the upstream site's effect that passes this dictionary by
             nodes.append(Node(id=unread_id(site.block), kind=UNREAD, name="not read by its dictionary",
@@ -208,18 +239,22 @@ def _grid_values(site: Place, values: np.ndarray) -> tuple[list[float], float | 
     return values.tolist(), None
 
 
-def _concept_node(site: Place, host: OnHost, concept: int, codes: np.ndarray, name: str | None) -> Node:
+def _concept_node(site: Place, host: OnHost, concept: int, codes: np.ndarray, name: str | None,
+                  effect_map: list[float] | None) -> Node:
     where, class_token = _grid_values(site, codes)
     return Node(id=node_id(site.block, concept), kind="concept", name=name or f"concept {concept}",
                 effect=float(host.effects[concept]), block=site.block, concept=concept,
-                activation=float(host.activations[concept]), grid=site.grid, map=where, class_token=class_token)
+                activation=float(host.activations[concept]), grid=site.grid, map=where, class_token=class_token,
+                effect_map=effect_map)
 
 
-def _group_node(site: Place, host: OnHost, concepts: list[int], codes: np.ndarray) -> Node:
+def _group_node(site: Place, host: OnHost, concepts: list[int], codes: np.ndarray,
+                effect_map: list[float] | None) -> Node:
     where, class_token = _grid_values(site, codes)
     return Node(id=group_id(site.block), kind=GROUP, name=f"{len(concepts)} more concepts",
                 effect=float(host.effects[concepts].sum()), block=site.block, concepts=concepts,
-                activation=float(host.activations[concepts].sum()), grid=site.grid, map=where, class_token=class_token)
+                activation=float(host.activations[concepts].sum()), grid=site.grid, map=where, class_token=class_token,
+                effect_map=effect_map)
 
 
 def _error_node(site: Place, host: OnHost, *, in_circuit: bool) -> Node:

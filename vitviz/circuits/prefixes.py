@@ -50,6 +50,7 @@ class Position:
 
 
 UNRANKED = np.inf
+KEPT = -1.0   # the place of a node every prefix keeps (`prefix_faithfulness`'s `kept`): below every size
 
 
 @dataclass(frozen=True)
@@ -198,17 +199,23 @@ def placed(ranked: Sequence[tuple[float, int, int]], concepts: Sequence[int]) ->
 
 def prefix_faithfulness(loaded, pixels: Tensor, sites: Sequence[Site], host: Sequence[OnHost], metric: Metric, *,
                         value: float, baseline: str, floor: float, faithful: float | None = None,
-                        fractions: Sequence[float] = (), nodes: int | None = None) -> Prefixes:
+                        fractions: Sequence[float] = (), nodes: int | None = None, cells: bool = False,
+                        kept: Sequence[np.ndarray] | None = None) -> Prefixes:
     """m for prefixes of the `ranking` of every node by |effect|, and the photo's logits' spread: first a geometric
     grid of `GRID` sizes (with 0, every node and the sizes at `fractions` of the ranking), then every size below the
     grid's first whose F reaches `faithful` (without it, or where none does, every size; with `nodes`, every size up
     to it), so the smallest size reaching it is exact and costs about as many rows as the circuit has nodes, not as
-    the ranking. Two reads."""
-    positions, ranked = ranking(host, floor)
+    the ranking. Two reads. With `cells`, each site's `host` is per position (`positions.py`: its rows' concepts and
+    errors in one vector, `split_cells`). `kept`: per site the nodes no prefix takes out (neither ranked nor at their
+    baseline in m(∅): place `KEPT`)."""
+    positions, ranked = ranking([h if k is None else replace(h, effects=np.where(k, 0.0, h.effects))
+                                 for h, k in zip(host, kept or [None] * len(host))], floor)
+    if kept is not None:
+        positions = [replace(where, concepts=np.where(k, KEPT, where.concepts)) for where, k in zip(positions, kept)]
     n = len(ranked)
 
     def measure(sizes: np.ndarray, with_photo: bool = False) -> list[np.ndarray]:
-        m = metric(prefix_rows(loaded, pixels, sites, positions, sizes, baseline=baseline))
+        m = metric(prefix_rows(loaded, pixels, sites, positions, sizes, baseline=baseline, cells=cells))
         if with_photo:   # and the photo through the spliced sites, for the logits' spread
             everything = [torch.ones(1, site.dictionary.n_concepts, dtype=torch.bool, device=pixels.device)
                           for site in sites]
@@ -263,14 +270,23 @@ def prefix_tree(positions: Sequence[Position], sizes: np.ndarray) -> tuple[list[
     return keep, errors, parents, arriving
 
 
+def split_cells(keep: np.ndarray, site: Site) -> tuple[np.ndarray, np.ndarray]:
+    """A per-position mask (b x rows (n + 1): each row's n concepts, then its error) -> (b rows n, b rows)."""
+    cells = keep.reshape(len(keep), -1, site.dictionary.n_concepts + 1)
+    return cells[..., :-1], cells[..., -1]
+
+
 def prefix_rows(loaded, pixels: Tensor, sites: Sequence[Site], positions: Sequence[Position], sizes: np.ndarray, *,
-                baseline: str) -> Tensor:
+                baseline: str, cells: bool = False) -> Tensor:
     """`ablated`'s logits for the prefixes `sizes` (increasing) of the ranking (`prefix_tree`), `PREFIXES` sizes a
-    forward; the results stay on the device until read with the rest."""
+    forward; the results stay on the device until read with the rest. With `cells`, positions per position
+    (`split_cells`)."""
     device = pixels.device
     out = []
     for start in range(0, len(sizes), PREFIXES):
         keep, errors, parents, last = prefix_tree(positions, np.asarray(sizes[start:start + PREFIXES]))
+        if cells:
+            keep, errors = zip(*(split_cells(k, site) for k, site in zip(keep, sites)))
         logits = ablated(loaded, pixels, sites, [torch.from_numpy(k).to(device) for k in keep], baseline=baseline,
                          keep_errors=[torch.from_numpy(e).to(device) for e in errors],
                          parents=[torch.from_numpy(p).to(device) for p in parents])
@@ -278,14 +294,22 @@ def prefix_rows(loaded, pixels: Tensor, sites: Sequence[Site], positions: Sequen
     return torch.cat(out)
 
 
-def ablated_rows(loaded, pixels: Tensor, sites: Sequence[Site], keep: Sequence[np.ndarray], errors: np.ndarray, *,
-                 baseline: str) -> Tensor:
-    """`ablated`'s logits for rows of host masks (per site rows x n, and rows x sites for the errors), `PREFIXES`
-    rows a forward; the results stay on the device until read with the rest."""
+def ablated_rows(loaded, pixels: Tensor, sites: Sequence[Site], keep: Sequence[np.ndarray],
+                 errors: np.ndarray | None, *, baseline: str) -> Tensor:
+    """`ablated`'s logits for rows of host masks (per site rows x n, and rows x sites for the errors; `errors` None:
+    per site rows x positions, each row's concepts and error in one mask, `split_cells`), `PREFIXES` rows a forward;
+    the results stay on the device until read with the rest."""
     device = pixels.device
     out = []
-    for start in range(0, errors.shape[0], PREFIXES):
+    for start in range(0, len(keep[0]), PREFIXES):
         part = slice(start, start + PREFIXES)
-        out.append(ablated(loaded, pixels, sites, [torch.from_numpy(k[part]).to(device) for k in keep],
-                           baseline=baseline, keep_errors=torch.from_numpy(errors[part]).to(device)))
+        if errors is None:
+            kept, at = zip(*(split_cells(k[part], site) for k, site in zip(keep, sites)))
+            copies = torch.arange(len(kept[0]), device=device)
+            out.append(ablated(loaded, pixels, sites, [torch.from_numpy(k).to(device) for k in kept],
+                               baseline=baseline, keep_errors=[torch.from_numpy(e).to(device) for e in at],
+                               parents=[copies] * len(sites)))
+        else:
+            out.append(ablated(loaded, pixels, sites, [torch.from_numpy(k[part]).to(device) for k in keep],
+                               baseline=baseline, keep_errors=torch.from_numpy(errors[part]).to(device)))
     return torch.cat(out)

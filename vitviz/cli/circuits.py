@@ -3,6 +3,10 @@ JSON and a picture of it per model, for the same class; nodes the models share (
 
     python -m vitviz circuits PHOTO --models vit-cifar10 cvt-cifar10 --out DIR [--dictionaries SOURCE...]
 
+With --positions a node is a concept (or an error) at one cell of the photo (`circuits.position_circuit`): the
+graph's JSON names each node's cell ("#613 @ (2, 3)"), the viewer's file puts it in `ctx_idx`; no picture (hundreds
+of nodes) and no adjacency (drawn at its own size).
+
 Beside each graph, what it was pruned from (`circuits.adjacency`: every size up to twice the circuit's, or with
 --every-size every size of the ranking, and the edges of every node up to there), to prune it again at another size
 with no model pass (`circuits.resized(circuits.load_adjacency(FILE), nodes=K)`).
@@ -87,6 +91,9 @@ def checked(args) -> tuple:
                          f"{args.faithfulness} and {args.edge_share}")
     if args.steps < 1:
         raise UsageError(f"--steps must be at least 1, not {args.steps}")
+    if args.positions and (args.every_size or args.data is not None):
+        raise UsageError("--positions draws the photo's circuit per position at its own size: it keeps no sizes to "
+                         "prune again (--every-size), and --data's curve is of whole concepts; run them apart")
     if args.contrast is not None and args.contrast == args.target:
         raise UsageError(f"--contrast {args.contrast!r} is the class itself: pick another one, or none")
     if len(set(args.models)) != len(args.models):
@@ -178,7 +185,8 @@ def cmd_circuits(args) -> int:
                                     contrast=class_index(model, args.contrast, "contrast class"),
                                     metric=METRIC_KINDS[args.metric] if args.contrast is None else "contrast",
                                     baseline=args.baseline, method=args.method, steps=args.steps, frozen=args.frozen,
-                                    faithful=args.faithfulness, edge_share=args.edge_share, every=args.every_size)
+                                    faithful=args.faithfulness, edge_share=args.edge_share, positions=args.positions,
+                                    **({} if args.positions else {"every": args.every_size}))
         except ConceptsError as e:
             raise UsageError(f"{model.name}: {e}") from None
         graphs.append(circuit.to_json())
@@ -202,8 +210,10 @@ def cmd_circuits(args) -> int:
     size = (image.height, image.width)
     for run, graph, mine, adjacency in zip(runs, graphs, shared, adjacencies):
         data, picture = file_names(run.name)
-        drawn = circuit_graph(graph, run.canvas, places(run.trace, run.loaded.transform, size, graph), shared=mine)
         write_atomic(out / data, (json.dumps(graph, indent=1) + "\n").encode())
+        if args.positions:
+            continue
+        drawn = circuit_graph(graph, run.canvas, places(run.trace, run.loaded.transform, size, graph), shared=mine)
         write_atomic(out / picture, png_bytes(drawn))
         save_adjacency(adjacency, out / adjacency_name(run.name))
     for run, curve in zip(runs, curves):
@@ -214,7 +224,8 @@ def cmd_circuits(args) -> int:
         viewer = neuronpedia_graph(graph, depth=len(run.trace.blocks), prompt=Path(args.photo).name,
                                    probability=probability, dictionaries=chosen)
         write_atomic(out / viewer_name(run.name), (json.dumps(viewer, indent=1) + "\n").encode())
-    written = [n for run in runs for n in (*file_names(run.name), adjacency_name(run.name))] \
+    written = [n for run in runs for n in ((file_names(run.name)[0],) if args.positions else
+                                           (*file_names(run.name), adjacency_name(run.name)))] \
         + [curve_name(run.name) for run in runs[:len(curves)]] + [viewer_name(run.name) for run in viewers]
     print(f"wrote {len(written)} files to {out}: " + ", ".join(written))
     return 0
@@ -231,10 +242,11 @@ def report(circuit, sources: list[str]) -> None:
           f"the smallest ranked circuit reaching F {f['target']:.2f}; completeness {completeness}; "
           f"{size['nodes']} nodes drawn, {size['edges']} edges ({circuit.method}, {circuit.baseline} baseline, "
           f"attention {circuit.attention.split(' (')[0]})")
-    held = circuit.adjacency.held
-    at_held = f["curve"][held]["faithfulness"]   # every size up to `held` measured: the curve's point `held`
-    print(f"  kept to prune again with no model pass: every size up to {held} nodes"
-          + ("" if at_held is None else f" (F {at_held:.3f} there)"))
+    if circuit.adjacency is not None:
+        held = circuit.adjacency.held
+        at_held = f["curve"][held]["faithfulness"]   # every size up to `held` measured: the curve's point `held`
+        print(f"  kept to prune again with no model pass: every size up to {held} nodes"
+              + ("" if at_held is None else f" (F {at_held:.3f} there)"))
     print_strongest(circuit)
     for note in circuit.notes:
         print(f"  note: {note}")
@@ -277,6 +289,9 @@ def add_parser(sub) -> None:
     c.add_argument("--every-size", action="store_true",
                    help="keep every size of the ranking in the adjacency file beside the graph, not only up to twice "
                         "the circuit's (slower: twice the time on the bundled pair)")
+    c.add_argument("--positions", action="store_true",
+                   help="a node is a concept (or an error) at one cell of the photo: its effect there, the faithful "
+                        "circuit and the edges per position (JSON only: no picture, no adjacency file)")
     c.add_argument("--data", default=None, help="also the faithfulness curve over a data set (each image's circuit of "
                                                 "its top class; faithfulness-<model>.json): " + DATA_HELP)
     c.add_argument("--split", default="test", help="the .npz's split to read (default: test)")

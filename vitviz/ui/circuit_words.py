@@ -1,9 +1,11 @@
 """The Circuits tab's words: each model's line (its circuit's size, F and the values it divides), the line saying the
 two models disagree, the line on circuits pruned again to the size slider's, the concepts both circuits hold, and a
-node card's words (its effect, edges, removal)."""
+node card's words (its effect, where on the photo it acts, edges, removal)."""
 from __future__ import annotations
 
 from pathlib import Path
+
+import numpy as np
 
 from ..session import ModelRun
 from . import gpu
@@ -127,13 +129,35 @@ def card_words(run: ModelRun, found: gpu.CircuitReading, node, partner: str) -> 
             what += f" It fires on {percent(found.frequency[node.id])} of {Path(found.data[node.block]).name}'s tokens."
         elif node.block in found.index_words:
             what += f" No top images: {found.index_words[node.block]}"
-    lines = [what,
+    lines = [what, cell_words(node),
              "**Strongest inputs**: " + edge_words(c, [(e.source, e) for e in c.inputs(node.id)[:4]]),
              "**Strongest outputs**: " + edge_words(c, [(e.target, e) for e in c.outputs(node.id)[:4]])]
     if node.kind == "concept":
         lines.append(removal_words(found, node))
     lines.append(partner)
     return "\n\n".join(line for line in lines if line)
+
+
+GRID_SHOWN = 16   # a grid up to this many cells a side is shown whole on a card, number by number
+
+
+def cell_words(node) -> str:
+    """Where a concept (a group, an error) node acts: its effect at each cell of its grid, the strongest named, the
+    class token's share apart, and the grid number by number (top row first) where it is small enough to read."""
+    effects = node.map if node.kind == "error" else node.effect_map
+    if effects is None:
+        return ""
+    values = np.asarray(effects, dtype=np.float64).reshape(node.grid)
+    token = node.class_token if node.kind == "error" else (None if node.class_token is None
+                                                            else node.effect - float(values.sum()))
+    strongest = np.argsort(-np.abs(values), axis=None)[:3]
+    named = ", ".join(f"({r}, {c}) {values[r, c]:+.3f}" for r, c in zip(*np.unravel_index(strongest, node.grid)))
+    words = f"**Its effect cell by cell** (row, column from the top left): strongest at {named}"
+    words += "." if token is None else f"; at the class token {token:+.3f}."
+    if max(node.grid) > GRID_SHOWN:
+        return words
+    rows = "\n".join(" ".join(f"{v:+.3f}" for v in row) for row in values)
+    return f"{words}\n\n```\n{rows}\n```"
 
 
 def class_words(model: str, label: str, graph: dict | None) -> str:

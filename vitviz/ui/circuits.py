@@ -3,15 +3,13 @@ side. Each model's concept dictionaries at several depths are spliced into it (`
 concept (where it fires on the photo) or a block's error (what its dictionary misses), its effect what it adds to
 the class's logit, an edge how much one node moves the next. The class (by default the left model's top one), a
 contrast class, the baseline, the method and whether attention is held fixed are the page's; the circuit is the
-smallest set of nodes whose faithfulness F reaches the page's target (`circuits.circuit`). A click on a node, or
-the list, opens its card: its map, its top images,
-how often it fires, its strongest inputs and outputs, what removing it does to the prediction, and what it looks
-like (`pictures.py`: shipped beside its dictionary, or drawn here by "Draw this concept").
+smallest set of nodes whose faithfulness F reaches the page's target (`circuits.circuit`). A click on a node, or the
+list, opens its card: its map and effect cell by cell, its top images, how often it fires, its strongest inputs and
+outputs, what removing it does, and what it looks like (`pictures.py`). A click on the photo draws the circuit of
+that place (`circuit_cells.py`).
 
 One GPU call reads both circuits for one set of choices (`gpu.read_circuits`, kept in the session); the pictures,
-the cards and the clicks are drawn from what it returned. The circuit size slider prunes both circuits again on the
-host to that many nodes from what the call kept (`circuits.resized`: every size up to twice each circuit's measured,
-and every node's edges up to there), with no model pass."""
+cards and clicks are drawn from it. The size slider prunes both again on the host (`circuits.resized`)."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -26,7 +24,7 @@ from ..circuits.effects import FROZEN_IG
 from ..render.circuits import ERROR_CMAP, circuit_faithfulness, circuit_graph, graph_layout, node_at
 from ..render.concepts import cell_overlay, concept_card, exemplar_layout, photo_side
 from ..session import ModelRun
-from . import gpu, pictures
+from . import circuit_cells, gpu, pictures
 from .circuit_words import OWN, SIDES, card_words, class_words, disagreement, model_words, shared_words, size_words
 from .concepts import exemplar_tiles
 from .shared import HIDDEN, INSTANT, MODEL_EVENTS, Page, as_files, runs, session
@@ -361,6 +359,7 @@ def circuits_if_open(key, target, contrast, baseline, method, frozen, faithful, 
 @dataclass
 class CircuitsTab:
     explained: Callable   # (an Explain's event, whether its endpoints are the documented ones) -> None
+    on_point: tuple       # (handler, inputs, outputs) for a click on the photo: the circuit of that place
 
 
 def layout(page: Page) -> CircuitsTab:
@@ -412,6 +411,7 @@ def layout(page: Page) -> CircuitsTab:
 
     with tab:   # not among the top-level Tabs' children, which Gradio's frontend counts as its tabs' indices
         is_open, asked = gr.State(False), gr.State(None)
+        cell_outputs = list(circuit_cells.layout())
     choices = [target, contrast, baseline, method, frozen, faithful, scope]
     outputs = [note, graph_a, graph_b, curves, picker, card, words, asked]
 
@@ -446,4 +446,5 @@ def layout(page: Page) -> CircuitsTab:
         sized(cleared.success(as_files(circuits_if_open), inputs=[key, *choices, is_open], outputs=outputs,
                               api_name=None, **MODEL_EVENTS, **HIDDEN))
 
-    return CircuitsTab(explained=explained)
+    return CircuitsTab(explained=explained, on_point=(as_files(circuit_cells.cell_circuits),
+                                                      [key, page.point, asked, is_open], cell_outputs))

@@ -304,7 +304,8 @@ def build(vit: str, cvt: str, notice: str = "", at_hand: set[str] | None = None)
                            **({} if i == 0 else HIDDEN))
         image.select(attention.pick_point, inputs=None, outputs=[point], api_name="pick_point", **INSTANT).then(
             *attention_parts.on_point, **INSTANT, **HIDDEN).then(*token_parts.on_point, **INSTANT, **HIDDEN).then(
-            *concepts_parts.on_point, **INSTANT, **HIDDEN)
+            *concepts_parts.on_point, **INSTANT, **HIDDEN).then(
+            *circuits_parts.on_point, api_name=None, **MODEL_EVENTS, **HIDDEN)   # the circuit of the place clicked
         moved = training_at.release(move_training, inputs=[model_a, model_b, training_at], outputs=[model_a, model_b],
                                     api_name="move_training", **INSTANT)
         explained(moved.success(as_files(explain), inputs=[image, model_a, model_b, prompts], outputs=answer,

@@ -34,7 +34,7 @@ from .boundary import (
     trace,
     trace_seconds,
 )
-from .circuits import CircuitReading, read_circuits
+from .circuits import CircuitReading, read_cell_circuits, read_circuits
 from .decisions import PATCH_BATCH, decide, patch
 from .dictionaries import (
     ConceptImage,
@@ -54,5 +54,5 @@ __all__ = ["DEVICE", "FAITHFULNESS_S", "LOCAL_ALLOWED", "MAPS_S", "PATCH_BATCH",
            "TRACE_LOADING_S", "TRACE_S", "ZERO_GPU", "CircuitReading", "ConceptImage", "ConceptReading", "Concepts",
            "Lens", "Picture", "Removal", "Traced", "cards", "cka", "class_maps", "concepts", "decide",
            "dictionary_folder", "dictionary_source", "draw_pictures", "drawing_seconds", "duration_words",
-           "faithfulness", "in_words", "lens", "load_model", "over_training", "patch", "place", "read_circuits",
-           "receptive", "trace", "trace_seconds", "video_frames", "whole_number"]
+           "faithfulness", "in_words", "lens", "load_model", "over_training", "patch", "place", "read_cell_circuits",
+           "read_circuits", "receptive", "trace", "trace_seconds", "video_frames", "whole_number"]

@@ -167,3 +167,35 @@ def read_circuits(names: list[str], picture: Image.Image, target: str | None, co
         except ValueError as e:   # a request the model cannot answer
             raise gr.Error(str(e)) from None
     return found
+
+
+def cell_seconds(names, picture, targets, contrasts, places, *, method: str = "atp", **settings) -> int:
+    """A pair's circuits of one place: as `circuit_seconds`."""
+    return circuit_seconds(names, picture, None, method=method)
+
+
+@gpu(duration=cell_seconds)
+def read_cell_circuits(names: list[str], picture: Image.Image, targets: list[int | None],
+                       contrasts: list[int | None], places: list[list[int | None] | None], *,
+                       sources: list[list[str] | None], baseline: str = "zero", method: str = "atp",
+                       frozen: bool = False, faithful: float = FAITHFUL) -> list[Circuit | str | None]:
+    """Each model's circuit of one place on the photo (`circuits.position_circuit` with `place`: per site the row
+    under the click) for the class `targets[k]` (minus `contrasts[k]`, or else minus the mean logit) through the
+    dictionaries `sources[k]` its circuit read; None where a model has no circuit (`places[k]` None), or why not in
+    words."""
+    from ...circuits import photo_circuit
+    from ...concepts import ConceptsError
+
+    found: list[Circuit | str | None] = []
+    for model, target, contrast, place, chosen in zip(models_of(names), targets, contrasts, places, sources):
+        if place is None or chosen is None:
+            found.append(None)
+            continue
+        try:
+            with MODEL_GATE():
+                found.append(photo_circuit(model, picture, dictionaries=chosen, target=target, contrast=contrast,
+                                           baseline=baseline, method=method, frozen=frozen, faithful=faithful,
+                                           positions=True, place=place))
+        except ConceptsError as e:
+            found.append(str(e))
+    return found
