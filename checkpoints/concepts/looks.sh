@@ -3,8 +3,8 @@
 # vitviz/looks/pictures.py (MACO on a 32 px canvas, 32 steps of 2 crops, seed 0, on the CPU) and written beside each
 # dictionary as looks.safetensors (model card: checkpoints/README.md, "Feature pictures"). Run from the repository
 # root: `checkpoints/concepts/looks.sh` draws every bundled dictionary (vitviz.catalog.BUNDLED_DICTIONARIES, in its
-# order) that has no pictures yet, `REDRAW=1` all of them again, and named folders (`looks.sh across-cifar10
-# vit-cifar10-depths/block1`) just those. One command a dictionary, so an interrupted run keeps those it finished;
+# order) that has no pictures yet or pictures of an older drawing, `REDRAW=1` all of them again, and named
+# folders (`looks.sh across-cifar10 vit-cifar10-depths/block1`) just those. One command a dictionary, so an interrupted run keeps those it finished;
 # two runs over different folders share a 2-core machine well. A dictionary across models also gets its table of how
 # each model's picture excites each concept in every model (`--alike`, 500 CIFAR-10 test photos, under a minute).
 set -euo pipefail
@@ -14,17 +14,19 @@ OUT=${OUT:-checkpoints/concepts}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 FOLDERS=("$@")
 if [ ${#FOLDERS[@]} -eq 0 ]; then
-  mapfile -t FOLDERS < <(python -c "from vitviz import catalog
+  # every bundled dictionary but those across a training run's checkpoints (ten models' pictures a concept: drawn on
+  # request), in the catalog's order; without REDRAW=1 only those whose pictures are missing or were made by an older
+  # drawing (`looks.Pictures.current`)
+  mapfile -t FOLDERS < <(REDRAW=${REDRAW:-0} python -c "import os
+from vitviz import catalog
+from vitviz.looks import pictures_of
 for entry in catalog.BUNDLED_DICTIONARIES.values():
-    print(entry.folder or entry.name)")
-  if [ "${REDRAW:-0}" != 1 ]; then
-    missing=()
-    for folder in "${FOLDERS[@]}"; do
-      [ -f "$OUT/$folder/looks.safetensors" ] || missing+=("$folder")
-    done
-    FOLDERS=("${missing[@]}")
-    [ ${#FOLDERS[@]} -gt 0 ] || echo "Every bundled dictionary has its pictures (REDRAW=1 draws them all again)."
-  fi
+    if any('@' in model for model in entry.models):   # name@step: a checkpoint of a training run
+        continue
+    pictures = pictures_of(entry.name)
+    if os.environ['REDRAW'] == '1' or pictures is None or not pictures.current:
+        print(entry.folder or entry.name)")
+  [ ${#FOLDERS[@]} -gt 0 ] || echo "Every bundled dictionary has pictures of this drawing (REDRAW=1 draws them all again)."
 fi
 for folder in "${FOLDERS[@]}"; do
   python -m vitviz looks --concepts "$OUT/$folder" --pictures --device cpu
