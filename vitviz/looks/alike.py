@@ -66,9 +66,7 @@ class Alike:
                     lines.append(f"{drawn_in}'s picture: concept {self.concept} is below 0 on {PERCENTILE} % of "
                                  f"{self.data} in {read_in}, so its percentile says nothing")
                 else:
-                    does = "excites" if value > 0 else "holds below 0"
-                    lines.append(f"{drawn_in}'s picture {does} concept {self.concept} in {read_in} at {value:.1f}x "
-                                 f"its {PERCENTILE}th percentile on {self.data}")
+                    lines.append(self.reading(value, m, n))
         own = ", ".join(f"{m} {v:.1f}x" for m, v in zip(self.models, np.diag(self.values)))
         lines.append(f"each model's picture in its own model: {own}")
         if self.shared is not None:
@@ -82,13 +80,17 @@ class Alike:
         if not others:
             return (f"No model's picture can be read in another: concept {self.concept}'s {PERCENTILE}th percentile "
                     f"on {self.data} is not above 0 in the others.")
-        said = lambda value, m, n: (f"{self.models[m]}'s picture {'excites' if value > 0 else 'holds below 0'} "
-                                    f"concept {self.concept} in {self.models[n]} at {value:.1f}x its {PERCENTILE}th "
-                                    f"percentile on {self.data}")
         strongest, weakest = max(others), min(others)
         if len(others) == 1:
-            return said(*strongest) + "."
-        return f"Most strongly, {said(*strongest)}; least, {said(*weakest)}."
+            return self.reading(*strongest) + "."
+        return f"Most strongly, {self.reading(*strongest)}; least, {self.reading(*weakest)}."
+
+    def reading(self, value: float, m: int, n: int) -> str:
+        """Model m's picture read in model n, in words."""
+        ratio = f"{value:.1f}x its {PERCENTILE}th percentile on {self.data}"
+        if value > 0:
+            return f"{self.models[m]}'s picture excites concept {self.concept} in {self.models[n]} at {ratio}"
+        return f"{self.models[m]}'s picture holds concept {self.concept} below 0 in {self.models[n]} ({ratio})"
 
     def table(self) -> str:
         """The values as a text table: a row per picture, a column per model reading it."""
