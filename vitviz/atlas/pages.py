@@ -37,8 +37,8 @@ def concept_json(slug: str, concept: int) -> str:
 
 
 def picture_path(slug: str, name: str, concept: int, *, masked: bool = False) -> str:
-    """A picture of a set (JPEG), or with its transparency map applied (`masked`: RGBA PNG)."""
-    return f"{slug}/pictures/{safe_name(name)}-{concept}" + ("-masked.png" if masked else ".jpg")
+    """A picture of a set (JPEG), or with its transparency map applied (`masked`: on the pages' paper, WebP)."""
+    return f"{slug}/pictures/{safe_name(name)}-{concept}" + ("-masked.webp" if masked else ".jpg")
 
 
 def class_path(slug: str, position: int, name: str) -> str:
@@ -259,9 +259,10 @@ def concept_record(facts: Facts, concept: int, context: Context) -> dict:
     for model, index in facts.indexes.items():
         for image, values, value, id_, label in _exemplars(index, concept):
             activations.append({"model": model, "image_id": id_, "data_index": image, "label": label,
-                                "maxValue": value, "values": values.round(4).tolist(),
+                                "maxValue": value,
+                                "values": values.astype(np.float64).round(4).tolist(),   # float32's repr is long
                                 "image": thumbnail_path(index.data, image)})
-    effects = {e.model: {name: {"mean": mean, "half_width_95": half, "images": count}
+    effects = {e.model: {name: {"mean": round(mean, 5), "half_width_95": round(half, 5), "images": count}
                          for name, count, mean, half in e.of(concept)} for e in context.effects.get(facts.slug, ())}
     return {
         "dictionary": facts.source, "modelId": list(facts.models), "layer": facts.block, "index": concept,
@@ -281,7 +282,7 @@ def _alike_record(facts: Facts, concept: int) -> dict | None:
     found = facts.pictures.alike(concept, facts.source) if facts.across and picture_sets(facts, concept) else None
     if found is None:
         return None
-    row = lambda values: {m: float(v) if np.isfinite(v) else None for m, v in zip(found.models, values)}
+    row = lambda values: {m: round(float(v), 4) if np.isfinite(v) else None for m, v in zip(found.models, values)}
     return {"data": found.data, "percentile": PERCENTILE,
             "percentiles": row(found.percentiles),
             "pictures": {**({"shared": row(found.shared)} if found.shared is not None else {}),

@@ -13,7 +13,7 @@ The folder:
     <dictionary>/concepts/<c>.html, .json  a page per concept and its JSON (`pages.py`)
     <dictionary>/classes/<k>-<name>.html a page per class (`classes.py`)
     <dictionary>/pictures/<set>-<c>.jpg  its pictures, as the pictures file keeps them (JPEG), and
-    <dictionary>/pictures/<set>-<c>-masked.png  with their transparency maps applied (RGBA PNG)
+    <dictionary>/pictures/<set>-<c>-masked.webp  with their transparency maps applied, on the pages' paper (WebP)
     <dictionary>/class-effects.json      the effects measured (`effects.py`)
 
 Building again adds what is missing: the pictures and images already there are kept, the effects are read back
@@ -24,19 +24,22 @@ what they are made of (`inputs`: the files read, and the code that writes them; 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
+import re
 import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from PIL import Image
 from tqdm import tqdm
 
 from .. import catalog
 from ..concepts import ConceptsError
 from ..data import Dataset, spread
-from ..files import png_bytes, write_atomic
+from ..files import write_atomic
 from ..hub.loaded import LoadError
 from . import effects as measured
 from .classes import class_page
@@ -58,6 +61,7 @@ from .pages import (
 
 STATIC = Path(__file__).with_name("static")
 INPUTS = ".atlas-inputs"
+PAPER = tuple(bytes.fromhex(re.search(r"--paper: #([0-9a-f]{6})", (STATIC / "atlas.css").read_text())[1]))   # its RGB
 README = """---
 title: vitviz concept atlas
 emoji: 🔭
@@ -226,8 +230,8 @@ def _record_json(facts: Facts, concept: int, context: Context) -> str:
 
 
 def _write_pictures(facts: Facts, out: Path, *, keep: bool) -> None:
-    """Each picture's JPEG as the pictures file holds it, and the picture with its transparency map applied (RGBA
-    PNG, `looks.transparent`)."""
+    """Each picture's JPEG as the pictures file holds it, and the picture with its transparency map applied
+    (`looks.transparent`) on the pages' paper (`webp_bytes`)."""
     if facts.pictures is None:
         return
     for name, (jpeg, offsets, _) in facts.pictures.sets.items():
@@ -237,7 +241,17 @@ def _write_pictures(facts: Facts, out: Path, *, keep: bool) -> None:
                 continue
             a, b = int(offsets[2 * c]), int(offsets[2 * c + 1])
             write_atomic(path, jpeg[a:b].numpy().tobytes())
-            write_atomic(masked, png_bytes(facts.pictures.transparent(c, name)))
+            write_atomic(masked, webp_bytes(facts.pictures.transparent(c, name)))
+
+
+def webp_bytes(rgba) -> bytes:
+    """An RGBA picture laid on the pages' paper (`PAPER`, atlas.css's --paper) as WebP, quality 70: what a browser
+    shows of it, at a third of the bytes of the picture with its alpha."""
+    on_paper = Image.new("RGB", (rgba.shape[1], rgba.shape[0]), PAPER)
+    on_paper.paste(Image.fromarray(rgba), mask=Image.fromarray(rgba[..., 3]))
+    buffer = io.BytesIO()
+    on_paper.save(buffer, format="WEBP", quality=70)
+    return buffer.getvalue()
 
 
 def _write_thumbnails(facts: Facts, out: Path) -> None:
