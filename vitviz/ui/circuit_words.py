@@ -150,6 +150,9 @@ def cell_words(node) -> str:
     values = np.asarray(effects, dtype=np.float64).reshape(node.grid)
     token = node.class_token if node.kind == "error" else (None if node.class_token is None
                                                             else node.effect - float(values.sum()))
+    if token is not None and not np.abs(values).max() >= 5e-4:   # a block whose class token alone reaches the answer
+        return (f"**Its effect cell by cell**: none at the grid's cells (under 0.0005 each); at the class token "
+                f"{token:+.3f}.")
     strongest = np.argsort(-np.abs(values), axis=None)[:3]
     named = ", ".join(f"({r}, {c}) {values[r, c]:+.3f}" for r, c in zip(*np.unravel_index(strongest, node.grid)))
     words = f"**Its effect cell by cell** (row, column from the top left): strongest at {named}"
